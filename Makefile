@@ -1,0 +1,34 @@
+# Two commands do everything on a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: install serve test test-unit bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+install: $(STAMP)
+	@./scripts/system-deps.sh
+
+serve: install
+	$(BIN)/mlxr setup-demo
+	$(BIN)/mlxr serve
+
+test: $(STAMP)
+	@./scripts/system-deps.sh --test
+	$(BIN)/python -m pytest -q tests
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
+bench: install
+	$(BIN)/mlxr bench --model small --concurrency 1,8,16 --against mlx_lm
+
+clean:
+	rm -rf $(VENV) .pytest_cache

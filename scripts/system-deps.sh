@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Debian packages mlxr uses on Linux: OpenBLAS (several times faster float32 matmuls than the
+# mlx CPU wheel's reference BLAS) and docker-registry (a real OCI registry for the store tests).
+# Installs only what is missing, and only where apt-get and root (or sudo) are available.
+set -u
+[ "$(uname -s)" = Linux ] || exit 0
+command -v apt-get >/dev/null 2>&1 || { echo "system-deps: no apt-get; install OpenBLAS yourself for speed"; exit 0; }
+want=()
+[ -e /usr/lib/x86_64-linux-gnu/libopenblas.so.0 ] || [ -e /usr/lib/aarch64-linux-gnu/libopenblas.so.0 ] || want+=(libopenblas0-pthread)
+if [ "${1:-}" = --test ]; then
+  command -v docker-registry >/dev/null 2>&1 || [ -x /usr/bin/docker-registry ] || want+=(docker-registry)
+fi
+[ ${#want[@]} -eq 0 ] && exit 0
+sudo=""
+[ "$(id -u)" -eq 0 ] || { command -v sudo >/dev/null 2>&1 && sudo="sudo -n"; }
+if [ "$(id -u)" -ne 0 ] && [ -z "$sudo" ]; then
+  echo "system-deps: not root; skipping apt-get install ${want[*]}"; exit 0
+fi
+echo "system-deps: installing ${want[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq >/dev/null && $sudo apt-get install -y -qq "${want[@]}" >/dev/null

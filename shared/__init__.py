@@ -1,0 +1,1 @@
+"""Code both mlxr processes use: settings, errors and the runner wire protocol."""

@@ -1,0 +1,166 @@
+"""Settings, read from the environment once. Nothing else reads os.environ.
+
+`Settings` is the supervisor's; `RunnerConfig` is what the supervisor hands a runner (as one
+JSON argument) and what `python -m runner` builds from its flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from shared.errors import InvalidRequest
+
+DEFAULT_PORT = 11434
+OPENBLAS_PATHS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
+                  "/usr/lib/aarch64-linux-gnu/libopenblas.so.0")
+
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number of seconds or a Go duration string ("5m", "1h30m", "-1").
+    Negative means forever (returned as -1)."""
+    if isinstance(value, bool):
+        raise InvalidRequest(f"invalid duration {value!r}")
+    if isinstance(value, (int, float)):
+        return -1.0 if value < 0 else float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            number = float(text)
+        except ValueError:
+            pos, total = 0, 0.0
+            negative = text.startswith("-")
+            body = text[1:] if negative else text
+            for m in _DURATION.finditer(body):
+                if m.start() != pos:
+                    break
+                total += float(m.group(1)) * _UNIT_S[m.group(2)]
+                pos = m.end()
+            if pos != len(body) or not body:
+                raise InvalidRequest(f'invalid duration "{value}"') from None
+            return -1.0 if negative else total
+        return -1.0 if number < 0 else number
+    raise InvalidRequest(f"invalid duration {value!r}")
+
+
+def parse_host(value: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """OLLAMA_HOST-style "host", "host:port", ":port", "http://host:port"."""
+    text = value.strip()
+    for scheme in ("http://", "https://"):
+        if text.startswith(scheme):
+            text = text[len(scheme):]
+    text = text.rstrip("/")
+    if text.startswith("["):  # [::1]:port
+        host, _, rest = text[1:].partition("]")
+        port = rest.lstrip(":")
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    else:
+        host, port = text, ""
+    return host or "127.0.0.1", int(port) if port else default_port
+
+
+def _parse_bytes(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*", text.lower())
+    if not m:
+        raise ValueError(f"invalid size {text!r}")
+    unit = (m.group(2) or "").rstrip("b").rstrip("i")
+    scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[unit]
+    return int(float(m.group(1)) * scale)
+
+
+def find_openblas() -> str | None:
+    return next((p for p in OPENBLAS_PATHS if os.path.exists(p)), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    models_dir: Path = Path.home() / ".mlxr" / "models"
+    keep_alive_s: float = 300.0
+    max_loaded_models: int = 3
+    num_parallel: int = 16
+    max_queue: int = 512
+    load_timeout_s: float = 300.0
+    context_length: int = 4096
+    prefix_cache_bytes: int = 1 << 30
+    memory_margin_bytes: int = 1 << 30
+    max_request_bytes: int = 32 << 20
+    api_key: str | None = None
+    origins: tuple[str, ...] = ()
+    openblas: str | None = None
+    debug: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        host = env.get("MLXR_HOST") or env.get("OLLAMA_HOST")
+        if host:
+            values["host"], values["port"] = parse_host(host)
+        models = env.get("MLXR_MODELS")
+        if models:
+            values["models_dir"] = Path(models).expanduser()
+        if "MLXR_KEEP_ALIVE" in env or "OLLAMA_KEEP_ALIVE" in env:
+            values["keep_alive_s"] = parse_duration(
+                env.get("MLXR_KEEP_ALIVE") or env.get("OLLAMA_KEEP_ALIVE"))
+        for name, key, conv in (
+            ("max_loaded_models", "MAX_LOADED_MODELS", int),
+            ("num_parallel", "NUM_PARALLEL", int),
+            ("max_queue", "MAX_QUEUE", int),
+            ("context_length", "CONTEXT_LENGTH", int),
+            ("load_timeout_s", "LOAD_TIMEOUT", parse_duration),
+            ("prefix_cache_bytes", "PREFIX_CACHE_BYTES", _parse_bytes),
+            ("memory_margin_bytes", "MEMORY_MARGIN", _parse_bytes),
+            ("max_request_bytes", "MAX_REQUEST_BYTES", _parse_bytes),
+        ):
+            raw = env.get("MLXR_" + key) or env.get("OLLAMA_" + key)
+            if raw:
+                values[name] = conv(raw)
+        if env.get("MLXR_API_KEY"):
+            values["api_key"] = env["MLXR_API_KEY"]
+        origins = env.get("MLXR_ORIGINS") or env.get("OLLAMA_ORIGINS")
+        if origins:
+            values["origins"] = tuple(o.strip() for o in origins.split(",") if o.strip())
+        blas = env.get("MLXR_OPENBLAS")
+        values["openblas"] = (None if blas in ("", "0", "off") else blas) if blas is not None \
+            else find_openblas()
+        values["debug"] = env.get("MLXR_DEBUG", env.get("OLLAMA_DEBUG", "")) not in ("", "0", "false")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    model_dir: str
+    model_name: str = ""
+    host: str = "127.0.0.1"
+    port: int = 0
+    num_parallel: int = 16
+    context_length: int = 4096
+    prefill_chunk: int = 512
+    step_token_budget: int = 2048
+    prefix_cache_bytes: int = 1 << 30
+    kv_cache_bytes: int = 0  # 0: derived from the system's available memory
+    watch_stdin: bool = False  # exit when stdin closes (the supervisor died)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RunnerConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})

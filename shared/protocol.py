@@ -1,0 +1,202 @@
+"""Wire types between the supervisor and a runner (see docs/protocol.md).
+
+A completion stream is zero or more `Chunk` lines, then exactly one final line: a `Chunk`
+with `done: true`, or an `ErrorLine`. Only these types cross the process boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.errors import InvalidRequest
+
+# Ollama's sampling defaults (api/types.go DefaultOptions). Penalties are off unless asked
+# for, as in Ollama's own newer engines.
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_K = 40
+DEFAULT_TOP_P = 0.9
+MAX_STOP_SEQUENCES = 16
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(slots=True)
+class Options:
+    """Per-request model options, with Ollama's names."""
+
+    num_predict: int = -1
+    num_ctx: int | None = None
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int = DEFAULT_TOP_K
+    top_p: float = DEFAULT_TOP_P
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "Options":
+        """Parse known option names, ignoring unknown ones (as Ollama does for runner-irrelevant
+        options such as num_gpu); bad types raise InvalidRequest."""
+        opts = cls()
+        if not data:
+            return opts
+        if not isinstance(data, dict):
+            raise InvalidRequest("options must be an object")
+        for f in dataclasses.fields(cls):
+            if f.name not in data or data[f.name] is None:
+                continue
+            value = data[f.name]
+            setattr(opts, f.name, _coerce_option(f.name, value))
+        if opts.seed is not None and opts.seed < 0:
+            opts.seed = None  # Ollama: seed -1 means random
+        return opts
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
+        return d
+
+
+_INT_OPTIONS = {"num_predict", "num_ctx", "top_k", "repeat_last_n", "seed"}
+_FLOAT_OPTIONS = {"temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+                  "frequency_penalty"}
+
+
+def _coerce_option(name: str, value: Any) -> Any:
+    if name in _INT_OPTIONS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            raise InvalidRequest(f"option {name} must be an integer")
+        return int(value)
+    if name in _FLOAT_OPTIONS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidRequest(f"option {name} must be a number")
+        return float(value)
+    if name == "stop":
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+            raise InvalidRequest("option stop must be a string or a list of strings")
+        if len(value) > MAX_STOP_SEQUENCES:
+            raise InvalidRequest(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed")
+        return [s for s in value if s]
+    if name == "logit_bias":
+        if not isinstance(value, dict):
+            raise InvalidRequest("logit_bias must be an object of token id to bias")
+        try:
+            return {int(k): float(v) for k, v in value.items()}
+        except (TypeError, ValueError):
+            raise InvalidRequest("logit_bias must map token ids to numbers") from None
+    raise AssertionError(name)
+
+
+@dataclass(slots=True)
+class CompletionRequest:
+    prompt: str | None = None
+    tokens: list[int] | None = None
+    options: Options = field(default_factory=Options)
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "CompletionRequest":
+        if not isinstance(data, dict):
+            raise InvalidRequest("request body must be a JSON object")
+        prompt, tokens = data.get("prompt"), data.get("tokens")
+        if prompt is None and tokens is None:
+            raise InvalidRequest("prompt or tokens is required")
+        if prompt is not None and not isinstance(prompt, str):
+            raise InvalidRequest("prompt must be a string")
+        if tokens is not None and (not isinstance(tokens, list)
+                                   or not all(isinstance(t, int) and not isinstance(t, bool)
+                                              for t in tokens)):
+            raise InvalidRequest("tokens must be a list of integers")
+        top = data.get("top_logprobs") or 0
+        if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}")
+        return cls(prompt=prompt, tokens=tokens, options=Options.from_dict(data.get("options")),
+                   logprobs=bool(data.get("logprobs")) or top > 0, top_logprobs=top)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"options": self.options.to_dict()}
+        if self.prompt is not None:
+            d["prompt"] = self.prompt
+        if self.tokens is not None:
+            d["tokens"] = self.tokens
+        if self.logprobs:
+            d["logprobs"] = True
+            d["top_logprobs"] = self.top_logprobs
+        return d
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    top_logprobs: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Chunk:
+    """One line of a completion stream. Counts and durations (ns) are set on the final line."""
+
+    content: str = ""
+    done: bool = False
+    done_reason: str | None = None  # "stop" | "length"
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] | None = None
+    prompt_eval_count: int = 0
+    prompt_eval_cached_count: int = 0
+    prompt_eval_duration: int = 0
+    eval_count: int = 0
+    eval_duration: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"content": self.content, "done": self.done, "tokens": self.tokens}
+        if self.logprobs is not None:
+            d["logprobs"] = self.logprobs
+        if self.done:
+            d.update(done_reason=self.done_reason, prompt_eval_count=self.prompt_eval_count,
+                     prompt_eval_cached_count=self.prompt_eval_cached_count,
+                     prompt_eval_duration=self.prompt_eval_duration,
+                     eval_count=self.eval_count, eval_duration=self.eval_duration)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Chunk":
+        return cls(**{k: d[k] for k in _CHUNK_FIELDS if k in d and d[k] is not None})
+
+
+_CHUNK_FIELDS = tuple(f.name for f in dataclasses.fields(Chunk))
+
+
+def error_line(message: str, status: int = 500) -> dict[str, Any]:
+    """The final line of a stream that failed after streaming began."""
+    return {"error": {"message": message, "status": status}}
+
+
+@dataclass(slots=True)
+class RunnerStatus:
+    status: str  # "loading" | "ready" | "error"
+    model: str
+    progress: float = 0.0
+    context_length: int = 0
+    memory: int = 0
+    kv_bytes: int = 0
+    active: int = 0
+    waiting: int = 0
+    error: str | None = None
+    capabilities: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunnerStatus":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})

@@ -1,0 +1,1 @@
+"""The model store: Ollama's layout of manifests and content-addressed blobs."""
