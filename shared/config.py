@@ -98,6 +98,8 @@ class Settings:
     origins: tuple[str, ...] = ()
     openblas: str | None = None
     debug: bool = False
+    # The module started as `python -m <runner_module>`; tests point it at a fake runner.
+    runner_module: str = "runner"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -133,6 +135,8 @@ class Settings:
         blas = env.get("MLXR_OPENBLAS")
         values["openblas"] = (None if blas in ("", "0", "off") else blas) if blas is not None \
             else find_openblas()
+        if env.get("MLXR_RUNNER_MODULE"):
+            values["runner_module"] = env["MLXR_RUNNER_MODULE"]
         values["debug"] = env.get("MLXR_DEBUG", env.get("OLLAMA_DEBUG", "")) not in ("", "0", "false")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

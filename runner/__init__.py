@@ -1,0 +1,1 @@
+"""The mlxr runner: one MLX model per process, many requests batched on one engine thread."""

@@ -1,0 +1,198 @@
+"""Runs a StepPlan on the model: one decode pass for the running batch plus at most one
+prefill chunk. All MLX work happens here, on the engine thread.
+
+Invariants:
+- `self.rows[i]` is the sequence in row i of every layer's batch cache, and equals the
+  scheduler's `running` list (both append on prefill completion and drop on release).
+- A prefilling sequence has its own single-sequence cache in `self.prefills` until its last
+  chunk runs; then that cache is merged into the batch cache.
+- The prefix cache receives a sequence's KV state when its prompt is done and when it leaves
+  the batch, for exactly the tokens that state covers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from runner.prefix_cache import PrefixCache
+from runner.request import Sequence
+from runner.sampling import SampleOutput, sample
+from runner.scheduler import StepPlan, StepResult
+
+log = logging.getLogger("mlxr.runner")
+
+
+@dataclass(slots=True)
+class SplitModel:
+    """The model as body (tokens -> hidden states) and head (hidden -> logits), so a prefill
+    computes logits for its last position only. `None` parts mean: call the whole model."""
+
+    body: Any
+    head: Any
+
+
+def split_model(model) -> SplitModel:
+    """Find body and head and check on a tiny input that body+head equals the whole model."""
+    body = getattr(model, "model", None)
+    head = getattr(model, "lm_head", None)
+    if head is None and body is not None:
+        embed = getattr(body, "embed_tokens", None)
+        head = getattr(embed, "as_linear", None)
+    if body is None or head is None:
+        return SplitModel(None, None)
+    try:
+        probe = mx.array([[1, 2, 3]])
+        whole = model(probe, cache=make_prompt_cache(model))
+        parts = head(body(probe, cache=make_prompt_cache(model)))
+        if whole.shape == parts.shape and mx.allclose(whole, parts, atol=1e-4).item():
+            return SplitModel(body, head)
+    except Exception as exc:  # any mismatch in signatures means the generic path
+        log.info("model does not split into body and head (%s); using whole-model calls", exc)
+    return SplitModel(None, None)
+
+
+class ModelStep:
+    def __init__(self, model, prefix_cache: PrefixCache | None, detok_top):
+        self.model = model
+        self.split = split_model(model)
+        self.prefix_cache = prefix_cache
+        self._detok_top = detok_top  # token id -> text, for top_logprobs
+        self.rows: list[Sequence] = []
+        self.batch: list[Any] | None = None
+        self.prefills: dict[int, list[Any]] = {}
+        self.supports_prefix = all(isinstance(c, KVCache) for c in make_prompt_cache(model))
+
+    # -- cache bookkeeping -------------------------------------------------------------
+    def admit(self, seq: Sequence) -> int:
+        """Give a newly admitted sequence its cache, seeded from the longest cached prefix."""
+        caches = make_prompt_cache(self.model)
+        reused = 0
+        if self.prefix_cache is not None and self.supports_prefix:
+            hit = self.prefix_cache.lookup(seq.all_tokens)
+            if hit is not None:
+                reused = hit.length
+                for cache, (keys, values) in zip(caches, hit.entry.payload):
+                    cache.keys = keys[..., :reused, :]
+                    cache.values = values[..., :reused, :]
+                    cache.offset = reused
+        self.prefills[seq.seq_id] = caches
+        return reused
+
+    def release(self, seqs: list[Sequence]) -> None:
+        drop: list[int] = []
+        for seq in seqs:
+            if seq.seq_id in self.prefills:
+                del self.prefills[seq.seq_id]
+                continue
+            index = next((i for i, s in enumerate(self.rows) if s is seq), None)
+            if index is None:
+                continue
+            if self.supports_prefix and self.prefix_cache is not None and self.batch:
+                self._store([c.extract(index) for c in self.batch], seq)
+            drop.append(index)
+        if not drop:
+            return
+        keep = [i for i in range(len(self.rows)) if i not in set(drop)]
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self.batch = None
+        else:
+            for cache in self.batch:
+                cache.filter(mx.array(keep, dtype=mx.int32))
+
+    def reset(self) -> None:
+        """Forget all state after a failed step (e.g. out of memory)."""
+        self.rows, self.batch, self.prefills = [], None, {}
+
+    def kv_bytes(self) -> int:
+        total = sum(c.nbytes for c in self.batch) if self.batch else 0
+        total += sum(c.nbytes for caches in self.prefills.values() for c in caches)
+        return total
+
+    def _store(self, caches: list[Any], seq: Sequence) -> None:
+        length = seq.num_computed
+        if length <= 0:
+            return
+        payload = [(mx.contiguous(c.keys[..., :length, :]), mx.contiguous(c.values[..., :length, :]))
+                   for c in caches]
+        mx.eval(payload)
+        nbytes = sum(k.nbytes + v.nbytes for k, v in payload)
+        self.prefix_cache.store(seq.all_tokens[:length], payload, nbytes)
+
+    def _merge(self, seq: Sequence) -> None:
+        caches = self.prefills.pop(seq.seq_id)
+        if self.supports_prefix and self.prefix_cache is not None:
+            self._store(caches, seq)
+        merged = [type(c).merge([c]) for c in caches]
+        if self.batch is None:
+            self.batch = merged
+        else:
+            for batch, new in zip(self.batch, merged):
+                batch.extend(new)
+        self.rows.append(seq)
+
+    # -- compute ------------------------------------------------------------------------
+    def run(self, plan: StepPlan) -> StepResult:
+        self.release(plan.release)
+        result = StepResult()
+        outputs: list[tuple[list[Sequence], SampleOutput]] = []
+        if plan.decode:
+            assert [s.seq_id for s in plan.decode] == [s.seq_id for s in self.rows], \
+                "batch rows out of step with the scheduler"
+            inputs = mx.array([[s.output_tokens[-1]] for s in self.rows], dtype=mx.int32)
+            logits = self.model(inputs, cache=self.batch)[:, -1, :]
+            outputs.append((self.rows, self._sample(logits, self.rows)))
+        chunk = plan.prefill
+        if chunk is not None:
+            seq = chunk.seq
+            caches = self.prefills[seq.seq_id]
+            inputs = mx.array([seq.all_tokens[chunk.start:chunk.end]], dtype=mx.int32)
+            if chunk.is_last:
+                if self.split.body is not None:
+                    hidden = self.split.body(inputs, cache=caches)
+                    logits = self.split.head(hidden[:, -1:, :])[:, -1, :]
+                else:
+                    logits = self.model(inputs, cache=caches)[:, -1, :]
+                outputs.append(([seq], self._sample(logits, [seq])))
+            elif self.split.body is not None:
+                self.split.body(inputs, cache=caches)
+            else:
+                self.model(inputs, cache=caches)
+            mx.eval(_cache_arrays(caches) + [o.tokens for _, o in outputs])
+        elif outputs:
+            mx.eval([o.tokens for _, o in outputs])
+        for seqs, out in outputs:
+            self._collect(seqs, out, result)
+        if chunk is not None and chunk.is_last:
+            self._merge(chunk.seq)
+        return result
+
+    def _sample(self, logits: mx.array, seqs: list[Sequence]) -> SampleOutput:
+        return sample(logits, [s.sampler for s in seqs],
+                      [s.all_tokens if s.sampler.needs_processing else [] for s in seqs],
+                      [s.top_logprobs if s.logprobs else -1 for s in seqs])
+
+    def _collect(self, seqs: list[Sequence], out: SampleOutput, result: StepResult) -> None:
+        tokens = out.tokens.tolist()
+        logprobs = out.logprobs.tolist() if out.logprobs is not None else None
+        top_ids = out.top_ids.tolist() if out.top_ids is not None else None
+        top_vals = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        for i, seq in enumerate(seqs):
+            result.tokens[seq.seq_id] = tokens[i]
+            if seq.logprobs and logprobs is not None:
+                entry = {"id": tokens[i], "token": self._detok_top(tokens[i]),
+                         "logprob": logprobs[i], "top_logprobs": []}
+                if top_ids is not None and seq.top_logprobs:
+                    entry["top_logprobs"] = [
+                        {"id": t, "token": self._detok_top(t), "logprob": v}
+                        for t, v in zip(top_ids[i][:seq.top_logprobs], top_vals[i])]
+                result.logprobs[seq.seq_id] = entry
+
+
+def _cache_arrays(caches: list[Any]) -> list[mx.array]:
+    return [a for c in caches for a in c.state if isinstance(a, mx.array)]

@@ -1,0 +1,168 @@
+"""Token sampling for a batch where every request has its own parameters.
+
+Greedy rows take argmax of the raw logits. Sampled rows are cut to their top-k candidates
+first; temperature, top-p and min-p then work on those few (Ollama's order). Each request's
+random draws come from its own seeded host generator, one uniform per step, so a seeded
+request gives the same tokens alone or inside any batch. Penalties and logit bias touch only
+the requests that set them; log-probabilities are computed only for requests that ask.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence as Seq
+
+import mlx.core as mx
+import numpy as np
+
+from shared.protocol import Options
+
+# Rows with top_k above this (or top_k <= 0) sample from the whole vocabulary.
+MAX_TOP_K = 1024
+
+# A per-request hook on one row of logits, given the tokens so far (grammar masks use it).
+LogitsProcessor = Callable[[list[int], mx.array], mx.array]
+
+
+@dataclass(slots=True)
+class Sampler:
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repeat_penalty: float
+    repeat_last_n: int
+    presence_penalty: float
+    frequency_penalty: float
+    bias_ids: mx.array | None
+    bias_values: mx.array | None
+    rng: np.random.Generator
+    processors: list[LogitsProcessor]
+
+    @classmethod
+    def from_options(cls, options: Options, context_length: int) -> "Sampler":
+        bias_ids = bias_values = None
+        if options.logit_bias:
+            bias_ids = mx.array(list(options.logit_bias.keys()), dtype=mx.int32)
+            bias_values = mx.array(list(options.logit_bias.values()), dtype=mx.float32)
+        last_n = options.repeat_last_n
+        return cls(
+            temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
+            min_p=options.min_p, repeat_penalty=options.repeat_penalty,
+            repeat_last_n=context_length if last_n < 0 else last_n,
+            presence_penalty=options.presence_penalty,
+            frequency_penalty=options.frequency_penalty,
+            bias_ids=bias_ids, bias_values=bias_values,
+            rng=np.random.default_rng(options.seed), processors=[])
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0 or self.top_k == 1
+
+    @property
+    def has_penalty(self) -> bool:
+        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or self.presence_penalty != 0
+                                            or self.frequency_penalty != 0)
+
+    @property
+    def needs_processing(self) -> bool:
+        return self.has_penalty or self.bias_ids is not None or bool(self.processors)
+
+    def process(self, tokens: list[int], row: mx.array) -> mx.array:
+        """Penalties over the last `repeat_last_n` tokens, logit bias, then the hooks."""
+        if self.has_penalty and tokens:
+            recent = tokens[-self.repeat_last_n:]
+            ids, counts = np.unique(np.asarray(recent, dtype=np.int32), return_counts=True)
+            ids_mx = mx.array(ids)
+            vals = row[ids_mx]
+            if self.repeat_penalty != 1.0:
+                vals = mx.where(vals > 0, vals / self.repeat_penalty, vals * self.repeat_penalty)
+            vals = vals - self.frequency_penalty * mx.array(counts.astype(np.float32)) \
+                - self.presence_penalty
+            row[ids_mx] = vals
+        if self.bias_ids is not None:
+            row[self.bias_ids] = row[self.bias_ids] + self.bias_values
+        for hook in self.processors:
+            row = hook(tokens, row)
+        return row
+
+
+@dataclass(slots=True)
+class SampleOutput:
+    tokens: mx.array  # (B,) int32
+    logprobs: mx.array | None  # (B,) chosen-token log-probabilities, rows that asked
+    top_ids: mx.array | None  # (B, K) top alternatives
+    top_logprobs: mx.array | None
+
+
+def sample(logits: mx.array, samplers: Seq[Sampler], histories: Seq[list[int]],
+           want_logprobs: Seq[int]) -> SampleOutput:
+    """Sample one token per row of `logits` (B, V). `want_logprobs[i]` is -1 for no
+    log-probabilities, else the number of top alternatives wanted."""
+    logits = logits.astype(mx.float32)
+    if any(s.needs_processing for s in samplers):
+        logits = mx.stack([s.process(h, logits[i]) if s.needs_processing else logits[i]
+                           for i, (s, h) in enumerate(zip(samplers, histories))])
+    tokens = mx.argmax(logits, axis=-1).astype(mx.int32)
+    sampled = [i for i, s in enumerate(samplers) if not s.greedy]
+    if sampled:
+        rows = mx.array(sampled, dtype=mx.int32)
+        picked = _sample_rows(logits[rows], [samplers[i] for i in sampled])
+        tokens[rows] = picked
+    out = SampleOutput(tokens, None, None, None)
+    if any(n >= 0 for n in want_logprobs):
+        _add_logprobs(out, logits, want_logprobs)
+    return out
+
+
+def _sample_rows(logits: mx.array, samplers: list[Sampler]) -> mx.array:
+    vocab = logits.shape[-1]
+    ks = [s.top_k if 0 < s.top_k <= MAX_TOP_K else vocab for s in samplers]
+    k_max = min(max(ks), vocab)
+    if k_max < vocab:
+        cand_ids = mx.argpartition(-logits, kth=k_max - 1, axis=-1)[:, :k_max]
+        cand = mx.take_along_axis(logits, cand_ids, axis=-1)
+    else:
+        cand_ids = mx.broadcast_to(mx.arange(vocab, dtype=mx.int32), logits.shape)
+        cand = logits
+    order = mx.argsort(-cand, axis=-1)
+    cand = mx.take_along_axis(cand, order, axis=-1)
+    cand_ids = mx.take_along_axis(cand_ids, order, axis=-1)
+
+    k_arr = mx.array(ks, dtype=mx.int32)[:, None]
+    temp = mx.array([max(s.temperature, 1e-6) for s in samplers], dtype=mx.float32)[:, None]
+    top_p = mx.array([s.top_p if 0 < s.top_p < 1 else 1.0 for s in samplers])[:, None]
+    min_p = mx.array([max(s.min_p, 0.0) for s in samplers], dtype=mx.float32)[:, None]
+    position = mx.arange(cand.shape[-1])[None]
+    cand = mx.where(position < k_arr, cand, -math.inf)
+    probs = mx.softmax(cand / temp, axis=-1)
+    cum = mx.cumsum(probs, axis=-1)
+    keep = ((cum - probs) < top_p) & (probs >= min_p * probs[:, :1])
+    probs = mx.where(keep, probs, 0.0)
+    cdf = mx.cumsum(probs, axis=-1)
+    uniforms = mx.array([s.rng.random() for s in samplers], dtype=mx.float32)[:, None]
+    choice = mx.sum(cdf < uniforms * cdf[:, -1:], axis=-1, keepdims=True)
+    choice = mx.minimum(choice, cand.shape[-1] - 1)
+    return mx.take_along_axis(cand_ids, choice, axis=-1)[:, 0].astype(mx.int32)
+
+
+def _add_logprobs(out: SampleOutput, logits: mx.array, want: Seq[int]) -> None:
+    rows = [i for i, n in enumerate(want) if n >= 0]
+    idx = mx.array(rows, dtype=mx.int32)
+    sub = logits[idx]
+    logp = sub - mx.logsumexp(sub, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(logp, out.tokens[idx][:, None], axis=-1)[:, 0]
+    full = mx.zeros((logits.shape[0],), dtype=mx.float32)
+    full[idx] = chosen
+    out.logprobs = full
+    k = max(want)
+    if k > 0:
+        top = mx.argpartition(-logp, kth=k - 1, axis=-1)[:, :k]
+        top_vals = mx.take_along_axis(logp, top, axis=-1)
+        order = mx.argsort(-top_vals, axis=-1)
+        ids = mx.zeros((logits.shape[0], k), dtype=mx.int32)
+        vals = mx.zeros((logits.shape[0], k), dtype=mx.float32)
+        ids[idx] = mx.take_along_axis(top, order, axis=-1).astype(mx.int32)
+        vals[idx] = mx.take_along_axis(top_vals, order, axis=-1)
+        out.top_ids, out.top_logprobs = ids, vals

@@ -1,0 +1,207 @@
+"""Decides what each engine step computes. Imports no mlx.
+
+Invariants:
+- A sequence is in exactly one of `waiting`, `prefilling`, `running`, or nowhere (finished).
+- `running` sequences have their whole context but the last token in the batch KV cache
+  (`num_computed == num_tokens - 1`); each step feeds them that last token.
+- At most one sequence prefills at a time, one chunk per step, so running streams keep flowing.
+- A step's token count (decode tokens + prefill chunk) stays within `step_token_budget`, except
+  that a prefill chunk never shrinks below `min_prefill_chunk` (no starvation).
+- KV tokens held (running + prefilling) stay within `kv_token_budget`: admission waits, and a
+  running sequence that cannot grow preempts the newest one, which is requeued for recompute.
+- Finished and cancelled sequences are handed to the model step once, in `StepPlan.release`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from runner.request import Sequence, SeqStatus
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    seq: Sequence
+    start: int
+    end: int
+
+    @property
+    def is_last(self) -> bool:
+        return self.end == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class StepPlan:
+    release: list[Sequence] = field(default_factory=list)
+    decode: list[Sequence] = field(default_factory=list)
+    prefill: PrefillChunk | None = None
+
+    @property
+    def has_compute(self) -> bool:
+        return bool(self.decode) or self.prefill is not None
+
+
+@dataclass(slots=True)
+class StepResult:
+    """Sampled tokens by sequence id (decode sequences, and the prefill sequence when its last
+    chunk ran), optional log-probabilities, and per-sequence failures."""
+
+    tokens: dict[int, int] = field(default_factory=dict)
+    logprobs: dict[int, dict] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_running: int = 16
+    prefill_chunk: int = 512
+    min_prefill_chunk: int = 32
+    step_token_budget: int = 2048
+    kv_token_budget: int = 1 << 20
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, admit: Callable[[Sequence], int],
+                 eos_token_ids: set[int]):
+        """`admit(seq)` prepares a sequence's cache (prefix-cache lookup) and returns how many of
+        its tokens are already computed."""
+        self.config = config
+        self._admit = admit
+        self._eos = eos_token_ids
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: Sequence | None = None
+        self.running: list[Sequence] = []
+        self._release: list[Sequence] = []
+
+    # -- intake ------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def cancel(self, seq: Sequence) -> None:
+        seq.cancelled = True
+
+    def finish(self, seq: Sequence, status: SeqStatus, error: str | None = None) -> None:
+        """Mark a sequence finished; its cache is released at the next schedule()."""
+        if seq.is_finished:
+            return
+        seq.status = status
+        seq.error = error
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq is self.prefilling:
+            self.prefilling = None
+        elif seq in self.running:
+            self.running.remove(seq)
+        self._release.append(seq)
+
+    @property
+    def num_active(self) -> int:
+        return len(self.running) + (self.prefilling is not None)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.running or self._release)
+
+    # -- planning ----------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        self._reap_cancelled()
+        self._preempt_if_needed()
+        if self.prefilling is None:
+            self._admit_next()
+        plan = StepPlan(release=self._release, decode=list(self.running))
+        self._release = []
+        if self.prefilling is not None:
+            seq = self.prefilling
+            budget = self.config.step_token_budget - len(plan.decode)
+            size = max(min(self.config.prefill_chunk, budget), self.config.min_prefill_chunk)
+            plan.prefill = PrefillChunk(seq, seq.num_computed,
+                                        min(seq.num_computed + size, seq.num_tokens))
+        return plan
+
+    def _reap_cancelled(self) -> None:
+        for seq in [s for s in self._all_active() if s.cancelled]:
+            self.finish(seq, SeqStatus.FINISHED_CANCELLED)
+
+    def _all_active(self) -> list[Sequence]:
+        active = list(self.waiting) + list(self.running)
+        if self.prefilling is not None:
+            active.append(self.prefilling)
+        return active
+
+    def _kv_tokens(self) -> int:
+        held = sum(s.num_tokens for s in self.running)
+        if self.prefilling is not None:
+            held += self.prefilling.num_tokens
+        return held
+
+    def _preempt_if_needed(self) -> None:
+        # Each running sequence grows by one token this step.
+        while len(self.running) > 1 and \
+                self._kv_tokens() + len(self.running) > self.config.kv_token_budget:
+            victim = self.running.pop()  # the newest
+            victim.status = SeqStatus.PREEMPTED
+            victim.num_computed = 0
+            self._release.append(victim)
+            self.waiting.appendleft(victim)
+
+    def _admit_next(self) -> None:
+        while self.waiting and len(self.running) < self.config.max_running:
+            seq = self.waiting[0]
+            if self.running and \
+                    self._kv_tokens() + seq.num_tokens > self.config.kv_token_budget:
+                return
+            self.waiting.popleft()
+            seq.num_computed = self._admit(seq)
+            assert 0 <= seq.num_computed < seq.num_tokens, "a prefix hit must leave a token"
+            seq.num_cached = seq.num_computed
+            seq.status = SeqStatus.PREFILLING
+            self.prefilling = seq
+            return
+
+    # -- results -----------------------------------------------------------------------
+    def update(self, plan: StepPlan, result: StepResult) -> list[Sequence]:
+        """Apply a step's results; returns the sequences that received a token or failed."""
+        touched: list[Sequence] = []
+        for seq_id, message in result.failed.items():
+            seq = next((s for s in self._plan_seqs(plan) if s.seq_id == seq_id), None)
+            if seq is not None and not seq.is_finished:
+                self.finish(seq, SeqStatus.FINISHED_ERROR, message)
+                touched.append(seq)
+        for seq in plan.decode:
+            if seq.is_finished or seq.seq_id not in result.tokens:
+                continue
+            seq.num_computed += 1
+            self._append(seq, result.tokens[seq.seq_id])
+            touched.append(seq)
+        chunk = plan.prefill
+        if chunk is not None and not chunk.seq.is_finished and chunk.seq is self.prefilling:
+            seq = chunk.seq
+            seq.num_computed = chunk.end
+            if chunk.is_last:
+                self.prefilling = None
+                seq.status = SeqStatus.RUNNING
+                self.running.append(seq)
+                self._append(seq, result.tokens[seq.seq_id])
+                touched.append(seq)
+        return touched
+
+    @staticmethod
+    def _plan_seqs(plan: StepPlan) -> list[Sequence]:
+        seqs = list(plan.decode)
+        if plan.prefill is not None:
+            seqs.append(plan.prefill.seq)
+        return seqs
+
+    def _append(self, seq: Sequence, token: int) -> None:
+        if token in self._eos:
+            self.finish(seq, SeqStatus.FINISHED_STOPPED)
+            return
+        seq.output_tokens.append(token)
+        if len(seq.output_tokens) >= seq.max_new_tokens or seq.num_tokens >= seq.context_length:
+            self.finish(seq, SeqStatus.FINISHED_LENGTH)

@@ -1,0 +1,169 @@
+"""The runner's HTTP face: /v1/status, /v1/completions (alias /completion), /v1/tokenize,
+/v1/detokenize. Validation happens here, before a request is queued, so bad input is a 4xx
+and never a broken stream."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from shared.config import RunnerConfig
+from shared.errors import ContextOverflow, InvalidRequest, MlxrError, ServerBusy
+from shared.ndjson import dumps_line
+from shared.protocol import CompletionRequest
+from runner.engine import Engine
+
+log = logging.getLogger("mlxr.runner")
+
+MAX_BODY_BYTES = 64 << 20
+ENGINE = web.AppKey("engine", Engine)
+
+
+@web.middleware
+async def errors(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except MlxrError as err:
+        return web.json_response({"error": err.message}, status=err.status)
+    except web.HTTPException:
+        raise
+    except Exception as exc:
+        log.exception("unhandled error")
+        return web.json_response({"error": f"internal error: {exc}"}, status=500)
+
+
+async def _json(request: web.Request) -> Any:
+    try:
+        return await request.json(loads=_loads)
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid JSON body: {exc}") from None
+
+
+def _loads(raw: str) -> Any:
+    import orjson
+
+    return orjson.loads(raw)
+
+
+def _ready_engine(request: web.Request) -> Engine:
+    engine = request.app[ENGINE]
+    if engine.state == "error":
+        raise MlxrError(engine.error or "model failed to load")
+    if engine.state != "ready":
+        raise ServerBusy("model is still loading")
+    return engine
+
+
+async def status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[ENGINE].status().to_dict())
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    engine = _ready_engine(request)
+    data = await _json(request)
+    content = data.get("content") if isinstance(data, dict) else None
+    if not isinstance(content, str):
+        raise InvalidRequest("content must be a string")
+    tokens = await asyncio.get_running_loop().run_in_executor(
+        None, _encode, engine, content, bool(data.get("add_special", False)))
+    return web.json_response({"tokens": tokens})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    engine = _ready_engine(request)
+    data = await _json(request)
+    tokens = data.get("tokens") if isinstance(data, dict) else None
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        raise InvalidRequest("tokens must be a list of integers")
+    _check_token_ids(engine, tokens)
+    return web.json_response({"content": engine.loaded.tokenizer.decode(tokens)})
+
+
+def _encode(engine: Engine, text: str, add_special: bool) -> list[int]:
+    tokenizer = engine.loaded.tokenizer
+    bos = getattr(tokenizer, "bos_token", None)
+    if add_special and bos and text.startswith(bos):
+        add_special = False  # the chat template already wrote it
+    return tokenizer.encode(text, add_special_tokens=add_special)
+
+
+def _check_token_ids(engine: Engine, tokens: list[int]) -> None:
+    vocab = engine.loaded.vocab_size
+    bad = next((t for t in tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise InvalidRequest(f"token id {bad} is out of range (vocabulary size {vocab})")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    engine = _ready_engine(request)
+    req = CompletionRequest.from_dict(await _json(request))
+    tokens = list(req.tokens or [])
+    if req.prompt:
+        tokens += await asyncio.get_running_loop().run_in_executor(
+            None, _encode, engine, req.prompt, not tokens)
+    if not tokens:
+        raise InvalidRequest("prompt is empty")
+    _check_token_ids(engine, tokens)
+    _check_token_ids(engine, list(req.options.logit_bias))
+    num_ctx = min(req.options.num_ctx or engine.config.context_length, engine.loaded.max_context)
+    if len(tokens) >= num_ctx:
+        raise ContextOverflow(
+            f"input length ({len(tokens)} tokens) exceeds the context length ({num_ctx} tokens)")
+
+    outbox: asyncio.Queue = asyncio.Queue()
+    seq = engine.make_sequence(next(request.app[SEQ_IDS]), tokens, req.options, req.logprobs,
+                               req.top_logprobs, outbox.put_nowait)
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    engine.submit(seq)
+    finished = False
+    try:
+        while not finished:
+            item = await outbox.get()
+            finished = bool(item.get("done")) or "error" in item
+            await response.write(dumps_line(item))
+    finally:
+        if not finished:
+            engine.cancel(seq)  # the client went away
+    return response
+
+
+SEQ_IDS = web.AppKey("seq_ids", itertools.count)
+
+
+def make_app(config: RunnerConfig) -> web.Application:
+    app = web.Application(middlewares=[errors], client_max_size=MAX_BODY_BYTES)
+    loop_holder: dict[str, asyncio.AbstractEventLoop] = {}
+
+    def deliver(batch: list[tuple[Any, Any]]) -> None:
+        loop_holder["loop"].call_soon_threadsafe(_deliver_all, batch)
+
+    engine = Engine(config, deliver)
+    app[ENGINE] = engine
+    app[SEQ_IDS] = itertools.count(1)
+
+    async def on_startup(app: web.Application) -> None:
+        loop_holder["loop"] = asyncio.get_running_loop()
+        engine.start()
+
+    async def on_cleanup(app: web.Application) -> None:
+        engine.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    app.router.add_get("/v1/status", status)
+    app.router.add_get("/health", status)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/completion", completions)
+    app.router.add_post("/v1/tokenize", tokenize)
+    app.router.add_post("/v1/detokenize", detokenize)
+    return app
+
+
+def _deliver_all(batch: list[tuple[Any, Any]]) -> None:
+    for sink, item in batch:
+        sink(item)

@@ -1,0 +1,78 @@
+"""Host-side text for one request: incremental detokenization and stop strings.
+
+Invariants:
+- Emitted text never ends inside a UTF-8 character: a window whose decoding ends in U+FFFD is
+  held back until the next token completes it (or the request finishes).
+- Text that could still be the start of a stop string is held back; a stop string is never
+  emitted, nor anything after it.
+- Decoding works on a small window of tokens (prefix + new), so the cost per token is constant,
+  and the result equals decoding all tokens at once.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+Decode = Callable[[list[int]], str]
+
+
+class TextStream:
+    def __init__(self, decode: Decode, stops: list[str] | None = None):
+        self._decode = decode
+        self._stops = [s for s in (stops or []) if s]
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self.tokens: list[int] = []
+        self._prefix = 0  # start of the decode window
+        self._read = 0  # tokens before this are already in the text
+        self._pending = ""  # decoded, not yet emitted
+        self.stopped = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    def push(self, token: int) -> str:
+        """Add a token; returns the text that can be emitted now."""
+        if self.stopped:
+            return ""
+        self.tokens.append(token)
+        before = self._decode(self.tokens[self._prefix:self._read])
+        after = self._decode(self.tokens[self._prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self._pending += after[len(before):]
+            self._prefix, self._read = self._read, len(self.tokens)
+        return self._release(final=False)
+
+    def flush(self) -> str:
+        """The request ended without a stop string: emit what is held back."""
+        if self.stopped:
+            return ""
+        if self._read < len(self.tokens):
+            before = self._decode(self.tokens[self._prefix:self._read])
+            after = self._decode(self.tokens[self._prefix:])
+            self._pending += after[len(before):]
+            self._read = len(self.tokens)
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        text = self._pending
+        if self._stops:
+            cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
+            if cut >= 0:
+                self.stopped = True
+                self._pending = ""
+                return text[:cut]
+            if not final:
+                keep = self._partial_stop_len(text)
+                if keep:
+                    self._pending = text[-keep:]
+                    return text[:-keep]
+        self._pending = ""
+        return text
+
+    def _partial_stop_len(self, text: str) -> int:
+        for k in range(min(len(text), self._hold), 0, -1):
+            tail = text[-k:]
+            if any(s.startswith(tail) for s in self._stops):
+                return k
+        return 0

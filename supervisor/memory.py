@@ -1,0 +1,111 @@
+"""Memory figures for placement: what a model will need, what the system has, and which loaded
+runners to evict so a new one fits.
+
+The budget is `available (psutil) + live memory of our runners - margin`: psutil's figure
+already excludes what our runners hold, so their live memory is added back, and each runner is
+then charged `max(estimate, live)` so a runner still growing its KV cache keeps its room.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import psutil
+
+WEIGHT_OVERHEAD = 1.2  # activations, temporaries and allocator slack on top of the weights
+WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".npz", ".bin")
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+GIB = float(1 << 30)
+
+
+@dataclass(slots=True)
+class MemoryEstimate:
+    weights_bytes: int
+    kv_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.weights_bytes * WEIGHT_OVERHEAD) + self.kv_bytes
+
+
+def available_bytes() -> int:
+    return int(psutil.virtual_memory().available)
+
+
+def weights_bytes(model_dir: Path) -> int:
+    """Bytes of weight files in a model directory (symlinks followed)."""
+    total = 0
+    for path in Path(model_dir).iterdir():
+        if path.name.endswith(WEIGHT_SUFFIXES):
+            try:
+                total += path.stat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def kv_bytes_per_token(config: dict) -> int:
+    """K and V for one token across all layers, from a Hugging Face config.json."""
+    cfg = config.get("text_config", config)
+    layers = int(cfg.get("num_hidden_layers") or 0)
+    heads = int(cfg.get("num_attention_heads") or 0)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    hidden = int(cfg.get("hidden_size") or 0)
+    head_dim = int(cfg.get("head_dim") or (hidden // heads if heads else 0))
+    dtype = _DTYPE_BYTES.get(str(cfg.get("torch_dtype") or config.get("torch_dtype")), 2)
+    return 2 * layers * kv_heads * head_dim * dtype
+
+
+def estimate(model_dir: Path, context_length: int, num_parallel: int) -> MemoryEstimate:
+    """What loading `model_dir` will take: weights with overhead, and a KV cache big enough for
+    `num_parallel` full contexts (the budget handed to the runner as kv_cache_bytes)."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    kv = kv_bytes_per_token(config) * context_length * max(1, num_parallel)
+    return MemoryEstimate(weights_bytes(model_dir), kv)
+
+
+class Placed(Protocol):
+    """What the eviction plan needs to know about a loaded runner."""
+    estimate_bytes: int
+    memory_bytes: int
+    refs: int
+    last_used: float
+
+
+def reserve(p: Placed) -> int:
+    return max(p.estimate_bytes, p.memory_bytes)
+
+
+def usable_bytes(loaded: Sequence[Placed], available: int, margin: int) -> int:
+    return available + sum(p.memory_bytes for p in loaded) - margin
+
+
+def plan_eviction(need: int, loaded: Sequence[Placed], *, available: int, margin: int,
+                  max_loaded: int) -> list | None:
+    """The runners to evict (idle ones least recently used first, then busy ones) so that a
+    model needing `need` bytes fits, or None if it cannot fit even with all of them gone."""
+    usable = usable_bytes(loaded, available, margin)
+    remaining = list(loaded)
+
+    def fits() -> bool:
+        count_ok = max_loaded <= 0 or len(remaining) + 1 <= max_loaded
+        return count_ok and sum(reserve(p) for p in remaining) + need <= usable
+
+    victims = []
+    for p in sorted(loaded, key=lambda p: (p.refs > 0, p.last_used)):
+        if fits():
+            break
+        victims.append(p)
+        remaining.remove(p)
+    return victims if fits() else None
+
+
+def insufficient_message(need: int, usable: int) -> str:
+    return (f"model requires more system memory ({need / GIB:.1f} GiB) than is available "
+            f"({max(usable, 0) / GIB:.1f} GiB)")

@@ -1,0 +1,298 @@
+"""One runner subprocess and the HTTP connection pool that talks to it.
+
+Invariants:
+- A `RunnerClient` owns exactly one process. `stop()` is idempotent and always reaps it.
+- A runner never outlives the supervisor: its stdin is a pipe the runner watches
+  (`watch_stdin`), and on Linux the kernel sends it SIGKILL when the supervisor dies
+  (PR_SET_PDEATHSIG), which covers `kill -9` of the supervisor.
+- Every error raised here carries the last lines the runner wrote (`stderr_tail`).
+- Closing a completion stream closes its HTTP connection, which cancels the request in the
+  runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import httpx
+import orjson
+
+from shared.config import RunnerConfig, Settings
+from shared.errors import MlxrError, RunnerFailed, from_status
+from shared.protocol import Chunk, CompletionRequest, RunnerStatus
+
+log = logging.getLogger("mlxr.runner")
+
+STDERR_LINES = 40
+STOP_GRACE_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS just handed out (bind to 0, then close): the runner binds it next."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _death_signal_preexec() -> Callable[[], None] | None:
+    """A preexec_fn that asks Linux to SIGKILL the child when its parent dies.
+
+    libc is loaded here, in the parent: loading a library between fork and exec is unsafe."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+class RunnerClient:
+    """A started runner process, its port, and an httpx pool to it."""
+
+    def __init__(self, config: RunnerConfig, process: asyncio.subprocess.Process):
+        self.config = config
+        self.process = process
+        self.base_url = f"http://{config.host}:{config.port}"
+        # trust_env=False: proxy variables must never route loopback traffic elsewhere.
+        self.http = httpx.AsyncClient(
+            base_url=self.base_url, trust_env=False,
+            timeout=httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        self._tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
+        self._reader = asyncio.create_task(self._read_output())
+        self._stopped = False
+
+    @classmethod
+    async def spawn(cls, config: RunnerConfig, *, module: str = "runner",
+                    openblas: str | None = None) -> "RunnerClient":
+        # The runner inherits our environment (PATH, PYTHONPATH, HF_* ...); only the BLAS
+        # preload is added, which makes float32 matmuls several times faster on Linux CPU.
+        env = dict(os.environ)
+        if openblas:
+            env["LD_PRELOAD"] = " ".join(p for p in (openblas, env.get("LD_PRELOAD")) if p)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", module, "--config", json.dumps(config.to_dict()),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, env=env,
+            preexec_fn=_death_signal_preexec(),
+            # Its own session: a Ctrl-C in the terminal reaches the supervisor only, which then
+            # stops its runners in order.
+            start_new_session=True)
+        log.info("started runner pid %d for %s on port %d", process.pid, config.model_name,
+                 config.port)
+        return cls(config, process)
+
+    async def _read_output(self) -> None:
+        assert self.process.stdout is not None
+        async for raw in self.process.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self._tail.append(line)
+            log.debug("[%s] %s", self.config.model_name, line)
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None and not self._stopped
+
+    def stderr_tail(self) -> str:
+        return "\n".join(self._tail)
+
+    async def wait_exit(self) -> int:
+        code = await self.process.wait()
+        try:  # the last lines arrive just after exit
+            await asyncio.wait_for(asyncio.shield(self._reader), 1.0)
+        except (asyncio.TimeoutError, Exception):
+            pass
+        return code
+
+    def failure(self, message: str) -> RunnerFailed:
+        code = self.process.returncode
+        if code is not None:
+            message = f"{message} (exit code {code})"
+        return RunnerFailed(message, stderr_tail=self.stderr_tail())
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def wait_ready(self, timeout_s: float) -> RunnerStatus:
+        """Poll /v1/status until the model is loaded, the process exits, or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.02
+        exited = asyncio.ensure_future(self.wait_exit())
+        try:
+            while True:
+                if exited.done():
+                    raise self.failure(f"runner for {self.config.model_name} exited while loading")
+                try:
+                    status = await self.status(timeout_s=2.0)
+                except (httpx.TransportError, ValueError):
+                    status = None
+                if status is not None and status.status == "ready":
+                    return status
+                if status is not None and status.status == "error":
+                    raise self.failure(f"runner failed to load {self.config.model_name}: "
+                                       f"{status.error or 'unknown error'}")
+                if time.monotonic() >= deadline:
+                    raise self.failure(f"timed out after {timeout_s:g}s loading "
+                                       f"{self.config.model_name}")
+                await asyncio.wait([exited], timeout=delay)
+                delay = min(delay * 1.5, 0.25)
+        finally:
+            exited.cancel()
+
+    async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Close stdin and send SIGTERM, then SIGKILL after `grace_s`; always reaps."""
+        self._stopped = True
+        await self.http.aclose()
+        proc = self.process
+        if proc.returncode is None:
+            if proc.stdin is not None and not proc.stdin.is_closing():
+                proc.stdin.close()
+            try:
+                proc.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(proc.wait(), grace_s)
+            except ProcessLookupError:
+                pass
+            except asyncio.TimeoutError:
+                log.warning("runner pid %d ignored SIGTERM; killing it", proc.pid)
+                proc.kill()
+        await proc.wait()
+        self._reader.cancel()
+
+    # -- requests ----------------------------------------------------------------------
+
+    async def status(self, timeout_s: float = 5.0) -> RunnerStatus:
+        resp = await self.http.get("/v1/status", timeout=timeout_s)
+        return RunnerStatus.from_dict(resp.json())
+
+    async def tokenize(self, content: str, add_special: bool = False) -> list[int]:
+        data = await self._post_json("/v1/tokenize", {"content": content,
+                                                      "add_special": add_special})
+        return list(data["tokens"])
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        data = await self._post_json("/v1/detokenize", {"tokens": tokens})
+        return data["content"]
+
+    async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            resp = await self.http.post(path, content=orjson.dumps(body),
+                                        headers={"content-type": "application/json"})
+        except httpx.TransportError as exc:
+            raise await self._lost(exc) from None
+        if resp.status_code != 200:
+            raise from_status(resp.status_code, _error_message(resp.content))
+        return resp.json()
+
+    async def complete(self, request: CompletionRequest) -> "CompletionStream":
+        """Send a completion. Errors found before streaming (bad input, context overflow)
+        raise here with the runner's status; the returned stream yields `Chunk`s."""
+        req = self.http.build_request("POST", "/v1/completions",
+                                      content=orjson.dumps(request.to_dict()),
+                                      headers={"content-type": "application/json"})
+        try:
+            resp = await self.http.send(req, stream=True)
+        except httpx.TransportError as exc:
+            raise await self._lost(exc) from None
+        if resp.status_code != 200:
+            body = await resp.aread()
+            await resp.aclose()
+            raise from_status(resp.status_code, _error_message(body))
+        return CompletionStream(self, resp)
+
+    async def _lost(self, exc: Exception) -> MlxrError:
+        """The connection broke: say whether the runner died, with its last words."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.process.wait()), 1.0)
+        except asyncio.TimeoutError:
+            pass
+        if self.process.returncode is not None:
+            await asyncio.sleep(0.05)  # let the reader collect the last lines
+            return self.failure(f"runner for {self.config.model_name} stopped unexpectedly")
+        return RunnerFailed(f"lost connection to runner for {self.config.model_name}: {exc}")
+
+
+class CompletionStream:
+    """The chunks of one accepted completion; the final chunk has `done: true`."""
+
+    def __init__(self, client: RunnerClient, response: httpx.Response):
+        self._client = client
+        self._response = response
+
+    async def __aiter__(self) -> AsyncIterator[Chunk]:
+        try:
+            async for line in self._response.aiter_lines():
+                if not line.strip():
+                    continue
+                data = orjson.loads(line)
+                if "error" in data:
+                    err = data["error"]
+                    if isinstance(err, dict):
+                        raise from_status(int(err.get("status") or 500), str(err.get("message")))
+                    raise RunnerFailed(str(err))
+                chunk = Chunk.from_dict(data)
+                yield chunk
+                if chunk.done:
+                    return
+        except httpx.TransportError as exc:
+            raise await self._client._lost(exc) from None
+        except orjson.JSONDecodeError as exc:
+            raise RunnerFailed(f"runner sent an invalid line: {exc}") from None
+        raise await self._client._lost(ConnectionError("stream ended without a final line"))
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        err = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return body.decode(errors="replace").strip() or "runner error"
+    if isinstance(err, dict):
+        return str(err.get("message", err))
+    return str(err)
+
+
+RunnerFactory = Callable[..., Awaitable[RunnerClient]]
+
+
+def make_runner_factory(settings: Settings) -> Callable[[Any], Awaitable[RunnerClient]]:
+    """The production factory: spawn `python -m runner` for a LoadSpec and wait until ready."""
+
+    async def start(spec: Any) -> RunnerClient:
+        config = RunnerConfig(
+            model_dir=str(spec.model_dir), model_name=spec.name, host="127.0.0.1",
+            port=free_port(), num_parallel=settings.num_parallel,
+            context_length=spec.context_length, prefix_cache_bytes=settings.prefix_cache_bytes,
+            kv_cache_bytes=spec.kv_cache_bytes, watch_stdin=True)
+        client = await RunnerClient.spawn(config, module=settings.runner_module,
+                                          openblas=settings.openblas)
+        try:
+            await client.wait_ready(settings.load_timeout_s)
+        except BaseException:
+            await asyncio.shield(client.stop(grace_s=1.0))
+            raise
+        return client
+
+    return start
