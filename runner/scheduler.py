@@ -111,8 +111,8 @@ class Scheduler:
     # -- planning ----------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         self._reap_cancelled()
-        self._preempt_if_needed()
-        if self.prefilling is None:
+        preempted = self._preempt_if_needed()
+        if self.prefilling is None and not preempted:
             self._admit_next()
         plan = StepPlan(release=self._release, decode=list(self.running))
         self._release = []
@@ -140,8 +140,9 @@ class Scheduler:
             held += self.prefilling.num_tokens
         return held
 
-    def _preempt_if_needed(self) -> None:
+    def _preempt_if_needed(self) -> bool:
         # Each running sequence grows by one token this step.
+        preempted = False
         while len(self.running) > 1 and \
                 self._kv_tokens() + len(self.running) > self.config.kv_token_budget:
             victim = self.running.pop()  # the newest
@@ -149,6 +150,8 @@ class Scheduler:
             victim.num_computed = 0
             self._release.append(victim)
             self.waiting.appendleft(victim)
+            preempted = True
+        return preempted
 
     def _admit_next(self) -> None:
         while self.waiting and len(self.running) < self.config.max_running:
