@@ -1,0 +1,5 @@
+"""`python -m supervisor.benchmark` (also `mlxr bench`)."""
+
+from supervisor.benchmark.cli import main
+
+main()

@@ -1,0 +1,101 @@
+"""Processes a benchmark starts: our runner, our supervisor, and mlx_lm.server, all with the
+same model directory and the same BLAS (OpenBLAS preloaded on Linux CPU when installed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from shared.config import find_openblas
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **extra)
+    blas = find_openblas()
+    if blas and sys.platform.startswith("linux"):
+        env["LD_PRELOAD"] = blas
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@dataclass
+class Process:
+    name: str
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+    extra: dict = field(default_factory=dict)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _spawn(name: str, args: list[str], url: str, env: dict[str, str], workdir: Path) -> Process:
+    log_path = workdir / f"{name}.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    return Process(name, url, proc, log_path)
+
+
+def wait_until(process: Process, path: str, ready, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.proc.poll() is not None:
+            raise RuntimeError(f"{process.name} exited:\n{process.log_tail()}")
+        try:
+            resp = httpx.get(process.url + path, timeout=2)
+            if resp.status_code == 200 and ready(resp):
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    process.stop()
+    raise TimeoutError(f"{process.name} not ready after {timeout_s} s:\n{process.log_tail()}")
+
+
+def start_runner(model_dir: Path, workdir: Path, num_parallel: int, **config) -> Process:
+    port = free_port()
+    cfg = {"model_dir": str(model_dir), "port": port, "num_parallel": num_parallel, **config}
+    p = _spawn("runner", [sys.executable, "-m", "runner", "--config", json.dumps(cfg)],
+               f"http://127.0.0.1:{port}", child_env(), workdir)
+    wait_until(p, "/v1/status", lambda r: r.json().get("status") == "ready")
+    return p
+
+
+def start_mlx_lm_server(model_dir: Path, workdir: Path) -> Process:
+    port = free_port()
+    hf_cache = Path(tempfile.mkdtemp(prefix="hf-cache-", dir=workdir))
+    p = _spawn("mlx_lm.server", [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir),
+                                 "--port", str(port), "--log-level", "WARNING"],
+               f"http://127.0.0.1:{port}", child_env(HF_HUB_CACHE=str(hf_cache)), workdir)
+    wait_until(p, "/v1/models", lambda r: True)
+    p.extra["model"] = str(model_dir)
+    return p
