@@ -8,6 +8,7 @@ output goes back to its asyncio queue through one `call_soon_threadsafe` per ste
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -73,6 +74,13 @@ class Engine:
         seq.cancelled = True
         self._inbox.put(("cancel", seq))
 
+    def call(self, fn: Callable[[], Any]) -> "concurrent.futures.Future":
+        """Run `fn` on the engine thread between steps (MLX work outside the batch loop, such
+        as embeddings); the future gets its result or exception."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("call", (fn, future)))
+        return future
+
     def status(self) -> RunnerStatus:
         import mlx.core as mx  # memory figures are process-wide reads
 
@@ -135,22 +143,25 @@ class Engine:
         return lambda token: decode([token])
 
     def _drain(self, block: bool) -> None:
+        """Take everything in the inbox; wait for the first message only when idle."""
         try:
-            kind, seq = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            kind, item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
-        while True:
-            if kind == "add":
-                if seq.cancelled:
-                    pass
-                else:
-                    self.scheduler.add(seq)
+        while kind != "stop":
+            if kind == "add" and not item.cancelled:
+                self.scheduler.add(item)
             elif kind == "cancel":
-                self.scheduler.cancel(seq)
-            elif kind == "stop":
-                return
+                self.scheduler.cancel(item)
+            elif kind == "call":
+                fn, future = item
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except Exception as exc:
+                        future.set_exception(exc)
             try:
-                kind, seq = self._inbox.get_nowait()
+                kind, item = self._inbox.get_nowait()
             except queue.Empty:
                 return
 

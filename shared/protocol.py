@@ -102,6 +102,8 @@ class CompletionRequest:
     options: Options = field(default_factory=Options)
     logprobs: bool = False
     top_logprobs: int = 0
+    # Structured output: "json", a JSON schema object, or {"type": "regex", "pattern": "..."}.
+    format: Any = None
 
     @classmethod
     def from_dict(cls, data: Any) -> "CompletionRequest":
@@ -119,8 +121,11 @@ class CompletionRequest:
         top = data.get("top_logprobs") or 0
         if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise InvalidRequest(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}")
+        fmt = data.get("format") or None
+        if fmt is not None and not (fmt == "json" or isinstance(fmt, dict)):
+            raise InvalidRequest('format must be "json" or a JSON schema object')
         return cls(prompt=prompt, tokens=tokens, options=Options.from_dict(data.get("options")),
-                   logprobs=bool(data.get("logprobs")) or top > 0, top_logprobs=top)
+                   logprobs=bool(data.get("logprobs")) or top > 0, top_logprobs=top, format=fmt)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"options": self.options.to_dict()}
@@ -131,6 +136,8 @@ class CompletionRequest:
         if self.logprobs:
             d["logprobs"] = True
             d["top_logprobs"] = self.top_logprobs
+        if self.format is not None:
+            d["format"] = self.format
         return d
 
 
