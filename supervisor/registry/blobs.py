@@ -71,20 +71,27 @@ class BlobWriter:
             self._file = open(self.partial, "wb")
         return self
 
+    def restart(self) -> None:
+        """Drop what was written (the server would not resume)."""
+        self._file.seek(0)
+        self._file.truncate(0)
+        self._hash = hashlib.sha256()
+        self.size = 0
+
     def write(self, data: bytes) -> None:
         self._file.write(data)
         self._hash.update(data)
         self.size += len(data)
 
     def commit(self) -> str:
-        """Verify, fsync and rename into place; returns the hex digest."""
+        """Verify, fsync and rename into place; returns the hex digest. On a mismatch the
+        partial file stays (the caller aborts or restarts it)."""
         f, self._file = self._file, None
         f.flush()
         os.fsync(f.fileno())
         f.close()
         actual = self._hash.hexdigest()
         if self.expected is not None and actual != self.expected:
-            self.partial.unlink(missing_ok=True)
             raise InvalidRequest(f"digest mismatch: expected sha256:{self.expected}, "
                                  f"got sha256:{actual}")
         final = self.blobs.path(actual)

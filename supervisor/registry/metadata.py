@@ -101,9 +101,10 @@ def capabilities_for(config: Mapping[str, Any], template: str | None,
     if arch in _EMBEDDING_ARCHS or "modules.json" in files:
         return ["embedding"]
     caps = ["completion"]
-    if template and "tools" in template:
+    text = template or ""
+    if "tools" in text.lower():  # Jinja `tools`, Go template `.Tools`
         caps.append("tools")
-    if template and "<think>" in template:
+    if "<think>" in text or ".Think" in text:
         caps.append("thinking")
     return caps
 

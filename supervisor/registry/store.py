@@ -22,6 +22,8 @@ import json
 import logging
 import os
 import shutil
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -71,6 +73,7 @@ class Store:
         self.blobs = Blobs(self.root / "blobs")
         self.lock = StoreLock(self.root / ".lock")
         self._pins: collections.Counter[str] = collections.Counter()
+        self._pins_lock = threading.Lock()
         self.inflight: dict[str, Any] = {}  # shared in-flight pulls (see transfer.py)
 
     # ----- reading -----------------------------------------------------------------------
@@ -156,11 +159,13 @@ class Store:
             raise CorruptModel(f"layer {layer.digest} is not valid JSON") from None
         return value if isinstance(value, type(default)) else default
 
+    def manifest_of(self, record: ModelRecord) -> Manifest:
+        return Manifest.from_bytes(json.dumps(record.manifest).encode())
+
     # ----- files for the runner ---------------------------------------------------------
     def runner_dir(self, record: ModelRecord) -> Path:
         """A directory of symlinks (file name -> blob) that mlx_lm.utils.load can load."""
-        m = Manifest.from_bytes(json.dumps(record.manifest).encode())
-        files = m.files()
+        files = self.manifest_of(record).files()
         if not any(x.name.endswith(".safetensors") for x in files):
             raise InvalidRequest(f'model "{record.name}" has no safetensors weights; '
                                  f'its format is {record.config.get("model_format") or "unknown"}')
@@ -196,25 +201,29 @@ class Store:
     def pinned(self, hex_digests: Iterable[str]) -> Iterator[None]:
         """Protect blobs from garbage collection until their manifest is written."""
         digests = list(hex_digests)
-        with self.lock.held():
-            self._pins.update(digests)
+        for d in digests:
+            self.pin(d)
         try:
             yield
         finally:
-            with self.lock.held():
-                self._pins.subtract(digests)
-                self._pins += collections.Counter()  # drop zero counts
+            for d in digests:
+                self.unpin(d)
 
     def pin(self, hex_digest: str) -> None:
-        """Pin one more blob inside a `pinned` block (released with `unpin`)."""
-        with self.lock.held():
+        """Protect one blob from garbage collection (until `unpin`). Takes only an in-process
+        lock, so it is safe to call on the event loop."""
+        with self._pins_lock:
             self._pins[hex_digest] += 1
 
     def unpin(self, hex_digest: str) -> None:
-        with self.lock.held():
+        with self._pins_lock:
             self._pins[hex_digest] -= 1
             if self._pins[hex_digest] <= 0:
                 del self._pins[hex_digest]
+
+    def _is_pinned(self, hex_digest: str) -> bool:
+        with self._pins_lock:
+            return self._pins.get(hex_digest, 0) > 0
 
     def write_manifest(self, name: ModelName, data: bytes) -> str:
         """Write a manifest (raw bytes) for `name`; returns the model digest. Blobs of a
@@ -253,10 +262,19 @@ class Store:
             prune_empty_dirs(path.parent, self.manifests_dir)
             self._collect(digests)
 
-    def prune(self) -> int:
-        """Remove every blob no manifest names (and unpinned); returns how many."""
+    def prune(self, stale_s: float = 3600.0) -> int:
+        """Remove every unpinned blob no manifest names, and local-write leftovers older than
+        `stale_s` (resumable download partials stay); returns how many blobs went."""
         with self.lock.held():
-            return self._collect(self.blobs.all_digests())
+            removed = self._collect(self.blobs.all_digests())
+        cutoff = time.time() - stale_s
+        leftovers = [*self.blobs.root.glob("*-partial-*"),
+                     *(self.tmp_dir.iterdir() if self.tmp_dir.is_dir() else [])]
+        for path in leftovers:
+            with contextlib.suppress(OSError):
+                if path.lstat().st_mtime < cutoff:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+        return removed
 
     def _digests_of(self, path: Path) -> set[str]:
         try:
@@ -278,7 +296,7 @@ class Store:
             live_models.add(mf_digest(data))
         removed = 0
         for hex_digest in candidates - referenced:
-            if self._pins.get(hex_digest, 0) > 0:
+            if self._is_pinned(hex_digest):
                 continue
             self.blobs.remove(hex_digest)
             removed += 1

@@ -1,0 +1,63 @@
+"""The config blob of an MLX model: Ollama's ConfigV2 fields plus what `show` reports.
+
+Ollama's fields keep Ollama's meaning: `model_format` "safetensors", `model_family` (the
+architecture, e.g. "qwen3"), `model_type` (the parameter size, e.g. "31.23M"), `file_type`
+(the quantization level, e.g. "F32", "Q4"), and the OCI `architecture`/`os` of the image.
+Ours are additional keys Ollama ignores: `parameter_count`, `quantization`, `model_info`
+(keys as in Ollama's show), and `random` for random-weight test models.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from .manifest import Layer
+from .metadata import describe, human_number
+from .random_model import PRESETS
+
+
+def random_label(preset: str, seed: int) -> dict[str, Any]:
+    return {"preset": preset, "seed": seed,
+            "description": f"random test model: {PRESETS[preset].description}, seed {seed}"}
+
+
+def _label_from_config(files: Mapping[str, Path]) -> dict[str, Any] | None:
+    try:
+        config = json.loads(files["config.json"].read_text())
+    except (KeyError, OSError, ValueError):
+        return None
+    text = config.get("mlxr_random_preset") if isinstance(config, dict) else None
+    if not isinstance(text, str):
+        return None
+    return {"preset": None, "seed": None, "description": f"random test model: {text}"}
+
+
+def make_config_blob(files: Mapping[str, Path], layers: list[Layer], template: str | None,
+                     random: dict[str, Any] | None) -> bytes:
+    """Describe the model whose files are given (file name -> path) as config blob bytes."""
+    desc = describe(files, template)
+    random = random or _label_from_config(files)
+    info = dict(desc.model_info)
+    if random:
+        info["general.description"] = random["description"]
+    config: dict[str, Any] = {
+        "model_format": "safetensors",
+        "model_family": desc.architecture,
+        "model_families": [desc.architecture],
+        "model_type": human_number(desc.parameter_count),
+        "file_type": desc.file_type,
+        "capabilities": desc.capabilities,
+        "context_length": desc.context_length,
+        "embedding_length": desc.embedding_length,
+        "architecture": "amd64",
+        "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [x.digest for x in layers]},
+        "parameter_count": desc.parameter_count,
+        "quantization": desc.quantization,
+        "model_info": info,
+    }
+    if random:
+        config["random"] = random
+    return json.dumps(config, separators=(",", ":")).encode() + b"\n"

@@ -1,0 +1,211 @@
+"""The store on tmp_path: create from a directory / blobs / another model, manifests, atomic
+writes, garbage collection, pins and the inter-process lock. No mlx here."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from shared.errors import InvalidRequest, ModelNotFound
+from supervisor.registry import manifest as mf
+from supervisor.registry.create import CreateRequest, create_model
+from supervisor.registry.store import CorruptModel, Store
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAT_TEMPLATE = "{% if tools %}tools{% endif %}{{ '<think>' }}{{ messages }}"
+
+
+def make_hf_dir(path: Path, hidden: int = 8, seed: int = 0) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
+        "num_hidden_layers": 1, "max_position_embeddings": 2048, "vocab_size": 32,
+        "torch_dtype": "float32"}))
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
+    (path / "README.md").write_text("not a model file")
+    rng = np.random.default_rng(seed)
+    save_file({"embed.weight": rng.standard_normal((32, hidden), dtype=np.float32),
+               "norm.weight": np.ones(hidden, np.float32)}, str(path / "model.safetensors"))
+    return path
+
+
+def create(store: Store, body: dict) -> list[dict]:
+    async def run() -> list[dict]:
+        return [x async for x in create_model(store, CreateRequest.from_json(body))]
+    return asyncio.run(run())
+
+
+def blob_names(store: Store) -> set[str]:
+    return {p.name for p in store.blobs.root.iterdir()}
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(tmp_path / "models")
+
+
+def test_create_from_directory(store, tmp_path):
+    src = make_hf_dir(tmp_path / "src")
+    progress = create(store, {"model": "demo", "from": str(src), "system": "Be brief.",
+                              "parameters": {"stop": "</s>", "num_ctx": 512}})
+    assert progress[0] == {"status": "reading model metadata"}
+    assert progress[-2:] == [{"status": "writing manifest"}, {"status": "success"}]
+    rec = store.resolve("demo")
+    path = store.manifests_dir / "registry.ollama.ai/library/demo/latest"
+    assert rec.digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    m = mf.Manifest.from_bytes(path.read_bytes())
+    assert m.config.media_type == mf.MEDIA_CONFIG
+    by_name = {x.name: x for x in m.files()}
+    assert set(by_name) == {"config.json", "tokenizer_config.json", "model.safetensors"}
+    assert by_name["model.safetensors"].media_type == mf.MEDIA_TENSOR
+    assert by_name["config.json"].media_type == mf.MEDIA_JSON
+    assert rec.config["model_format"] == "safetensors" and rec.config["model_family"] == "llama"
+    assert rec.config["file_type"] == "F32" and rec.config["model_type"] == "264"
+    assert rec.capabilities == ["completion", "tools", "thinking"]
+    assert rec.model_info["general.parameter_count"] == 32 * 8 + 8
+    assert rec.model_info["llama.context_length"] == 2048
+    assert rec.system == "Be brief." and rec.params == {"stop": ["</s>"], "num_ctx": 512}
+    run = store.runner_dir(rec)
+    for name in by_name:
+        assert (run / name).is_symlink() and (run / name).read_bytes() == (src / name).read_bytes()
+    assert not any("partial" in n for n in blob_names(store))
+    assert not list(store.tmp_dir.glob("*")) if store.tmp_dir.exists() else True
+
+
+def test_create_from_uploaded_blobs_matches_directory(store, tmp_path):
+    src = make_hf_dir(tmp_path / "src")
+    create(store, {"model": "from-dir", "from": str(src)})
+    files = {}
+    for name in ("config.json", "tokenizer_config.json", "model.safetensors"):
+        digest, _, _ = store.blobs.add_file(src / name)
+        files[name] = f"sha256:{digest}"
+    create(store, {"model": "from-files", "files": files})
+    a, b = store.resolve("from-dir"), store.resolve("from-files")
+    assert a.manifest == b.manifest and a.digest == b.digest  # same files, same model
+
+
+def test_create_from_model_inherits_and_shares_blobs(store, tmp_path):
+    create(store, {"model": "base", "from": str(make_hf_dir(tmp_path / "src")),
+                   "system": "old", "parameters": {"temperature": 0.5, "top_k": 10},
+                   "license": "MIT", "messages": [{"role": "user", "content": "hi"}]})
+    create(store, {"model": "user/derived:v1", "from": "base", "system": "new",
+                   "parameters": {"temperature": 0.9}})
+    base, derived = store.resolve("base"), store.resolve("user/derived:v1")
+    assert derived.name == "user/derived:v1"
+    assert derived.system == "new" and derived.license == "MIT"
+    assert derived.params == {"temperature": 0.9, "top_k": 10}
+    assert derived.messages == [{"role": "user", "content": "hi"}]
+    base_files = {x["digest"] for x in base.manifest["layers"] if x.get("name")}
+    assert base_files <= {x["digest"] for x in derived.manifest["layers"]}
+
+    before = blob_names(store)
+    store.delete("base")  # shared blobs stay; the old system prompt and params go
+    after = blob_names(store)
+    assert {f"sha256-{d[7:]}" for d in base_files} <= after
+    assert len(before - after) == 3  # base's config blob, system and params layers
+    assert store.resolve("user/derived:v1").digest == derived.digest
+    store.delete("user/derived:v1")
+    assert blob_names(store) == set()
+
+
+def test_replacing_a_model_collects_its_old_layers(store, tmp_path):
+    src = make_hf_dir(tmp_path / "src")
+    create(store, {"model": "demo", "from": str(src), "system": "one"})
+    first = blob_names(store)
+    create(store, {"model": "demo", "from": str(src), "system": "two"})
+    second = blob_names(store)
+    assert len(first) == len(second) and len(first - second) == 2  # system + config blob
+
+
+@pytest.mark.parametrize("body, error, fragment", [
+    ({"model": "x", "from": "nope"}, ModelNotFound, 'model "nope" not found'),
+    ({"model": "x"}, InvalidRequest, "neither"),
+    ({"model": "x", "from": "/no/such/dir"}, InvalidRequest, "not a directory"),
+    ({"model": "x", "random": {"preset": "huge"}}, InvalidRequest, "unknown random preset"),
+    ({"model": "x", "random": {}, "quantize": "q4_K_M"}, InvalidRequest,
+     'unsupported quantization type "q4_K_M"'),
+    ({"model": "x", "files": {"config.json": "sha256:" + "0" * 64}}, InvalidRequest,
+     "not found: upload it"),
+    ({"model": "x", "files": {"../config.json": "sha256:" + "0" * 64}}, InvalidRequest,
+     "invalid file name"),
+    ({"model": "x", "files": {"m.gguf": "sha256:" + "0" * 64}}, InvalidRequest, "GGUF"),
+    ({"model": "bad name", "random": {}}, InvalidRequest, "invalid model name"),
+    ({"model": "x", "random": {}, "parameters": {"bogus": 1}}, InvalidRequest,
+     "unknown parameter"),
+])
+def test_create_rejects_bad_requests_before_any_progress(store, body, error, fragment):
+    with pytest.raises(error) as info:
+        create(store, body)
+    assert fragment in info.value.message
+    assert list(store.manifests_dir.iterdir()) == []
+
+
+def test_manifest_write_is_atomic(store, tmp_path, monkeypatch):
+    create(store, {"model": "demo", "from": str(make_hf_dir(tmp_path / "src")), "system": "a"})
+    path = store.manifests_dir / "registry.ollama.ai/library/demo/latest"
+    old = path.read_bytes()
+
+    def fail(*args):
+        raise OSError("disk full")
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError):
+        create(store, {"model": "demo", "from": "demo", "system": "b"})
+    assert path.read_bytes() == old
+    assert os.listdir(path.parent) == ["latest"]  # no temporary file left behind
+
+
+def test_manifest_naming_a_missing_blob_is_refused(store):
+    cfg, _ = store.blobs.add_bytes(b"{}")
+    m = mf.Manifest(mf.Layer(mf.MEDIA_CONFIG, f"sha256:{cfg}", 2),
+                    [mf.Layer(mf.MEDIA_TENSOR, "sha256:" + "1" * 64, 5, name="w.safetensors")])
+    from supervisor.registry.names import parse_name
+    with pytest.raises(CorruptModel, match="missing blobs"):
+        store.write_manifest(parse_name("demo"), m.to_bytes())
+    with pytest.raises(ModelNotFound, match='model "demo" not found, try pulling it first'):
+        store.resolve("demo")
+
+
+def test_prune_spares_pinned_blobs_and_download_partials(store):
+    kept, _ = store.blobs.add_bytes(b"pinned")
+    gone, _ = store.blobs.add_bytes(b"orphan")
+    store.blobs.download_partial("2" * 64).write_bytes(b"half")
+    with store.pinned([kept]):
+        assert store.prune() == 1
+    assert store.blobs.exists(kept) and not store.blobs.exists(gone)
+    assert store.blobs.download_partial("2" * 64).exists()
+    assert store.prune() == 1 and not store.blobs.exists(kept)
+
+
+def test_blob_writer_verifies_digest(store):
+    w = store.blobs.writer("3" * 64)
+    w.write(b"not that")
+    with pytest.raises(InvalidRequest, match="digest mismatch"):
+        w.commit()
+    w.abort()
+    assert blob_names(store) == set()
+
+
+def test_store_lock_excludes_another_process(store):
+    code = ("import sys, time; from pathlib import Path; from supervisor.registry.files "
+            "import StoreLock\nwith StoreLock(Path(sys.argv[1])).held():\n"
+            "    print('locked', flush=True); time.sleep(0.6)\n")
+    child = subprocess.Popen([sys.executable, "-c", code, str(store.root / ".lock")],
+                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "locked"
+        start = time.monotonic()
+        with store.lock.held():
+            waited = time.monotonic() - start
+    finally:
+        child.wait(10)
+    assert waited > 0.3
