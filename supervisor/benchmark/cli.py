@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 from tokenizers import Tokenizer
 
-from supervisor.benchmark import peers
+from supervisor.benchmark import peers, scenarios
 from supervisor.benchmark.load import make_prompts, run_load
 from supervisor.benchmark.targets import OpenAITarget, RunnerTarget, Sampling
 
@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampling", default="greedy", choices=["greedy", "ollama"])
     p.add_argument("--against", default="", help="peer to run in the same run: mlx_lm")
     p.add_argument("--direct", action="store_true", help="drive the runner itself")
+    p.add_argument("--scenarios", default="",
+                   help="comma list of extra scenarios: prefix, single, stall (or all)")
     p.add_argument("--output", default="bench-results", help="directory for JSON and PNG")
     return p
 
@@ -62,26 +64,31 @@ def main(argv: list[str] | None = None) -> None:
     procs: list[peers.Process] = []
     targets = []
     try:
-        runner = peers.start_runner(model_dir, work, num_parallel=max(max(levels), 16))
+        runner = peers.start_runner(model_dir, work, num_parallel=max(levels + [16]))
         procs.append(runner)
         targets.append(RunnerTarget("mlxr-runner", runner.url))
         if args.against == "mlx_lm":
             peer = peers.start_mlx_lm_server(model_dir, work)
             procs.append(peer)
             targets.append(OpenAITarget("mlx_lm.server", peer.url, peer.extra["model"]))
-        results = asyncio.run(sweep(targets, tokenizer, levels, args, sampling))
+        results = asyncio.run(sweep(targets, tokenizer, levels, args, sampling)) if levels else {}
+        extra = asyncio.run(run_scenarios(args.scenarios, targets[0], tokenizer, model_dir))
     finally:
         for p in procs:
             p.stop()
 
     report = {"machine": machine(), "model": str(model_dir), "args": vars(args),
-              "results": results}
+              "results": results, "scenarios": extra}
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2))
-    print_table(results, [t.name for t in targets])
-    try:
-        plot(results, [t.name for t in targets], out_dir / "bench.png")
-    except ImportError:
-        print("matplotlib is not installed: no plot")
+    if results:
+        print_table(results, [t.name for t in targets])
+        try:
+            plot(results, [t.name for t in targets], out_dir / "bench.png")
+        except ImportError:
+            print("matplotlib is not installed: no plot")
+    for name, figures in extra.items():
+        print(f"\n{name}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                        for k, v in figures.items()))
     print(f"\nwrote {out_dir / 'bench.json'}")
 
 
@@ -102,6 +109,22 @@ async def sweep(targets, tokenizer, levels, args, sampling) -> dict:
                   f"itl p50 {summary['itl_s']['p50'] * 1000:6.1f} ms  "
                   f"failed {summary['failed']}", flush=True)
     return results
+
+
+async def run_scenarios(spec: str, target, tokenizer, model_dir: Path) -> dict:
+    names = {"prefix", "single", "stall"} if spec == "all" else \
+        {n.strip() for n in spec.split(",") if n.strip()}
+    unknown = names - {"prefix", "single", "stall"}
+    if unknown:
+        raise SystemExit(f"unknown scenarios: {', '.join(sorted(unknown))}")
+    out: dict[str, dict] = {}
+    if "prefix" in names:
+        out["prefix_cache"] = await scenarios.prefix_cache(target, tokenizer)
+    if "single" in names:
+        out["single_stream"] = await scenarios.single_stream(target, tokenizer, model_dir)
+    if "stall" in names:
+        out["prefill_stall"] = await scenarios.prefill_stall(target, tokenizer)
+    return out
 
 
 def machine() -> dict:
