@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import psutil
 
@@ -24,7 +24,8 @@ GIB = float(1 << 30)
 @dataclass(slots=True)
 class MemoryEstimate:
     weights_bytes: int
-    kv_bytes: int
+    kv_bytes: int  # num_parallel full contexts
+    min_kv_bytes: int = 0  # one full context: the least a runner can work with
 
     @property
     def total_bytes(self) -> int:
@@ -66,8 +67,9 @@ def estimate(model_dir: Path, context_length: int, num_parallel: int) -> MemoryE
         config = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         config = {}
-    kv = kv_bytes_per_token(config) * context_length * max(1, num_parallel)
-    return MemoryEstimate(weights_bytes(model_dir), kv)
+    per_context = kv_bytes_per_token(config) * context_length
+    return MemoryEstimate(weights_bytes(model_dir), per_context * max(1, num_parallel),
+                          per_context)
 
 
 class Placed(Protocol):
@@ -87,7 +89,8 @@ def usable_bytes(loaded: Sequence[Placed], available: int, margin: int) -> int:
 
 
 def plan_eviction(need: int, loaded: Sequence[Placed], *, available: int, margin: int,
-                  max_loaded: int) -> list | None:
+                  max_loaded: int, busy: Callable[[Any], bool] = lambda p: p.refs > 0
+                  ) -> list | None:
     """The runners to evict (idle ones least recently used first, then busy ones) so that a
     model needing `need` bytes fits, or None if it cannot fit even with all of them gone."""
     usable = usable_bytes(loaded, available, margin)
@@ -98,7 +101,7 @@ def plan_eviction(need: int, loaded: Sequence[Placed], *, available: int, margin
         return count_ok and sum(reserve(p) for p in remaining) + need <= usable
 
     victims = []
-    for p in sorted(loaded, key=lambda p: (p.refs > 0, p.last_used)):
+    for p in sorted(loaded, key=lambda p: (busy(p), p.last_used)):
         if fits():
             break
         victims.append(p)

@@ -274,9 +274,6 @@ def _error_message(body: bytes) -> str:
     return str(err)
 
 
-RunnerFactory = Callable[..., Awaitable[RunnerClient]]
-
-
 def make_runner_factory(settings: Settings) -> Callable[[Any], Awaitable[RunnerClient]]:
     """The production factory: spawn `python -m runner` for a LoadSpec and wait until ready."""
 

@@ -1,0 +1,42 @@
+"""`mlxr setup-demo` then `mlxr serve`: what `make serve` runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.fakes.server import ROOT, start_server
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def mlxr(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "supervisor.cli", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_setup_demo_then_serve(tmp_path, subprocess_env):
+    env = {**subprocess_env, "MLXR_MODELS": str(tmp_path / "models")}
+    first = mlxr("setup-demo", env=env)
+    assert first.returncode == 0, first.stderr
+    assert "success" in first.stdout and "demo:latest is ready" in first.stdout
+    again = mlxr("setup-demo", env=env)
+    assert again.returncode == 0 and "success" not in again.stdout  # already there
+
+    server = start_server(tmp_path, subprocess_env, models_dir=tmp_path / "models")
+    try:
+        client = server.client()
+        [model] = client.list().models
+        assert model.model == "demo:latest" and model.details.family == "qwen3"
+        reply = client.generate(model="demo", prompt="Hello", options={"num_predict": 3})
+        assert reply.eval_count == 3 and reply.done_reason == "length"
+    finally:
+        server.stop()
+
+
+def test_help(subprocess_env):
+    out = mlxr("--help", env=subprocess_env)
+    assert out.returncode == 0 and "serve" in out.stdout and "setup-demo" in out.stdout
+    assert mlxr("--version", env=subprocess_env).stdout.startswith("mlxr ")
