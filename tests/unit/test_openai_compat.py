@@ -2,7 +2,6 @@ import pytest
 
 from shared.errors import InvalidRequest
 from supervisor import openai_compat as oa
-from supervisor.cors import DEFAULT_ORIGINS, origin_allowed
 
 
 def test_chat_parameters_map_to_ollama_options():
@@ -65,11 +64,3 @@ def test_completion_prompts_and_logprobs():
     assert req.raw and req.options["num_predict"] == 5
     with pytest.raises(InvalidRequest):
         oa.parse_completion({"model": "m", "prompt": 5})
-
-
-def test_cors_defaults_admit_local_pages_only():
-    assert origin_allowed("http://localhost:3000", DEFAULT_ORIGINS)
-    assert origin_allowed("https://127.0.0.1", DEFAULT_ORIGINS)
-    assert origin_allowed("tauri://localhost", DEFAULT_ORIGINS)
-    assert not origin_allowed("https://evil.example", DEFAULT_ORIGINS)
-    assert origin_allowed("https://app.example", DEFAULT_ORIGINS + ("https://*.example",))
