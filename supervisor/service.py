@@ -77,6 +77,7 @@ class Delta:
 class Final:
     done_reason: str  # stop | length | load | unload
     prompt_eval_count: int = 0
+    prompt_eval_cached_count: int = 0  # prompt tokens served from the runner's prefix cache
     prompt_eval_duration: int = 0  # ns, as on Ollama's wire
     eval_count: int = 0
     eval_duration: int = 0
@@ -329,6 +330,7 @@ class Service:
                 yield Final(
                     done_reason=chunk.done_reason or "stop",
                     prompt_eval_count=chunk.prompt_eval_count,
+                    prompt_eval_cached_count=chunk.prompt_eval_cached_count,
                     prompt_eval_duration=chunk.prompt_eval_duration,
                     eval_count=chunk.eval_count, eval_duration=chunk.eval_duration,
                     load_duration=_ns(lease.load_duration_s),
