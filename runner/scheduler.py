@@ -7,6 +7,9 @@ Invariants:
 - At most one sequence prefills at a time, one chunk per step, so running streams keep flowing.
 - A step's token count (decode tokens + prefill chunk) stays within `step_token_budget`, except
   that a prefill chunk never shrinks below `min_prefill_chunk` (no starvation).
+- While streams decode, a prefill chunk is also sized by time: it may add at most
+  `stall_factor` decode-step times to a step (from measured step times), so running streams
+  see their inter-token interval grow by at most that factor while a long prompt is read.
 - KV tokens held (running + prefilling) stay within `kv_token_budget`: admission waits, and a
   running sequence that cannot grow preempts the newest one, which is requeued for recompute.
 - Finished and cancelled sequences are handed to the model step once, in `StepPlan.release`.
@@ -60,6 +63,34 @@ class SchedulerConfig:
     min_prefill_chunk: int = 32
     step_token_budget: int = 2048
     kv_token_budget: int = 1 << 20
+    stall_factor: float = 0.75
+
+
+class StepTimer:
+    """Running estimates of a decode step's time and of prefill time per token, from the
+    engine's measurements (exponential moving averages)."""
+
+    def __init__(self, weight: float = 0.3):
+        self.weight = weight
+        self.decode_s: float | None = None
+        self.prefill_token_s: float | None = None
+
+    def _blend(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.weight * (new - old)
+
+    def observe(self, num_decode: int, num_prefill: int, elapsed_s: float) -> None:
+        if num_decode and not num_prefill:
+            self.decode_s = self._blend(self.decode_s, elapsed_s)
+        elif num_prefill:
+            decode_part = (self.decode_s or 0.0) if num_decode else 0.0
+            per_token = max(elapsed_s - decode_part, 0.0) / num_prefill
+            self.prefill_token_s = self._blend(self.prefill_token_s, per_token)
+
+    def chunk_for(self, extra_s: float) -> int | None:
+        """Prefill tokens that fit in `extra_s`, or None before there are measurements."""
+        if not self.decode_s or not self.prefill_token_s:
+            return None
+        return int(extra_s / self.prefill_token_s)
 
 
 class Scheduler:
@@ -74,6 +105,7 @@ class Scheduler:
         self.prefilling: Sequence | None = None
         self.running: list[Sequence] = []
         self._release: list[Sequence] = []
+        self.timer = StepTimer()
 
     # -- intake ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -118,8 +150,12 @@ class Scheduler:
         self._release = []
         if self.prefilling is not None:
             seq = self.prefilling
-            budget = self.config.step_token_budget - len(plan.decode)
-            size = max(min(self.config.prefill_chunk, budget), self.config.min_prefill_chunk)
+            size = min(self.config.prefill_chunk, self.config.step_token_budget - len(plan.decode))
+            if plan.decode:
+                timed = self.timer.chunk_for(self.config.stall_factor * (self.timer.decode_s or 0))
+                if timed is not None:
+                    size = min(size, timed)
+            size = max(size, self.config.min_prefill_chunk)
             plan.prefill = PrefillChunk(seq, seq.num_computed,
                                         min(seq.num_computed + size, seq.num_tokens))
         return plan
@@ -168,6 +204,11 @@ class Scheduler:
             return
 
     # -- results -----------------------------------------------------------------------
+    def observe(self, plan: StepPlan, elapsed_s: float) -> None:
+        """The engine's measurement of how long `plan` took to run."""
+        chunk = plan.prefill
+        self.timer.observe(len(plan.decode), chunk.end - chunk.start if chunk else 0, elapsed_s)
+
     def update(self, plan: StepPlan, result: StepResult) -> list[Sequence]:
         """Apply a step's results; returns the sequences that received a token or failed."""
         touched: list[Sequence] = []

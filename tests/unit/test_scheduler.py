@@ -202,3 +202,35 @@ def test_failed_sequence_finishes_with_error_others_continue():
     touched = sched.update(plan, result)
     assert a in touched and a.status == SeqStatus.FINISHED_ERROR and a.error == "boom"
     assert b.status == SeqStatus.RUNNING
+
+
+def test_prefill_chunk_is_sized_by_measured_step_times_while_streams_decode():
+    sched, step = make(SchedulerConfig(prefill_chunk=512, min_prefill_chunk=16,
+                                       stall_factor=1.0))
+    runner = make_seq(1, 4, max_new=1000)
+    sched.add(runner)
+    run_step(sched, step)
+    for _ in range(3):  # decode-only steps take 40 ms
+        plan, _ = run_step(sched, step)
+        sched.observe(plan, 0.040)
+    long = make_seq(2, 3000)
+    sched.add(long)
+    plan = sched.schedule()
+    assert plan.prefill.end - plan.prefill.start == 512, "no prefill measurement yet"
+    sched.observe(plan, 0.040 + 512 * 0.001)  # 1 ms per prompt token
+    sched.update(plan, step.run(plan))
+    plan = sched.schedule()
+    # One decode step's time (40 ms) buys 40 prompt tokens at 1 ms each.
+    assert plan.prefill.end - plan.prefill.start == 40
+    assert plan.decode == [runner]
+
+
+def test_prefill_alone_uses_the_full_chunk():
+    sched, step = make(SchedulerConfig(prefill_chunk=256))
+    seq = make_seq(1, 1000)
+    sched.add(seq)
+    plan = sched.schedule()
+    sched.observe(plan, 0.5)
+    sched.update(plan, step.run(plan))
+    plan = sched.schedule()
+    assert plan.prefill.end - plan.prefill.start == 256
