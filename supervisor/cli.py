@@ -1,18 +1,25 @@
-"""`mlxr`: the command line. `serve` runs the server; `setup-demo` puts a demo model in the
-store. Client commands (run, list, ps, ...) are added to the `main` group the same way: a
-function decorated with `@main.command()` that builds its Settings with `settings_from()`."""
+"""`mlxr`: the command line, shaped like `ollama`'s. `serve` runs the server and `setup-demo`
+puts a demo model in the store; the other commands are clients of the server's HTTP API at
+MLXR_HOST (else OLLAMA_HOST, else 127.0.0.1:11434). A client command that fails prints
+`Error: <message>` on stderr and exits 1 (the `_Group` below renders every `CliError`)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.metadata
+import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from shared.config import Settings, parse_host
+from shared.config import Settings, parse_duration, parse_host
+from shared.errors import InvalidRequest
+from supervisor.cli_client import ApiClient, CliError, ServerError, file_digest
+from supervisor.cli_format import models_table, running_table, show_info
 
 DEMO_MODEL = "demo"
 DEMO_PRESET = "small"
@@ -41,10 +48,30 @@ def setup_logging(debug: bool) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """Prints a client error as Ollama does (`Error: ...`, exit status 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CliError as err:
+            click.echo(f"Error: {err.message}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version=version(), prog_name="mlxr", message="%(prog)s %(version)s")
 def main() -> None:
     """An Ollama-compatible LLM server on MLX."""
+
+
+def make_client() -> ApiClient:
+    """A client for the server at MLXR_HOST / OLLAMA_HOST (a wildcard address means here),
+    with MLXR_API_KEY as its bearer token when set."""
+    settings = settings_from()
+    local = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host)
+    return ApiClient(dataclasses.replace(settings, host=local or settings.host).base_url,
+                     api_key=settings.api_key)
 
 
 @main.command()
@@ -97,7 +124,294 @@ def setup_demo(models) -> None:
 
     asyncio.run(create())
     click.echo(f"{store.resolve(DEMO_MODEL).name} is ready in {settings.models_dir}")
+# -- client commands -------------------------------------------------------------------------
 
+THINK_LEVELS = {"true": True, "false": False, "high": "high", "medium": "medium", "low": "low"}
+
+
+def _response_format(value: str | None) -> Any:
+    if not value:
+        return None
+    if value == "json":
+        return "json"
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise CliError(f'invalid format "{value}": use "json" or a JSON schema') from None
+
+
+def _stdin_prompt() -> str | None:
+    """What is piped to stdin (None when stdin is a terminal)."""
+    return None if sys.stdin.isatty() else sys.stdin.read()
+
+
+@main.command()
+@click.argument("model")
+@click.argument("prompt", nargs=-1)
+@click.option("--verbose", is_flag=True, help="Show timings for response")
+@click.option("--format", "format_", metavar="FORMAT", help="Response format (e.g. json)")
+@click.option("--keepalive", metavar="DURATION", help="Duration to keep a model loaded (e.g. 5m)")
+@click.option("--think", is_flag=False, flag_value="true", default=None, metavar="[LEVEL]",
+              help="Enable thinking: --think, --think=false or --think=high|medium|low")
+@click.option("--hidethinking", is_flag=True, help="Hide thinking output (if provided)")
+@click.option("--nowordwrap", is_flag=True,
+              help="Don't wrap words to the next line (accepted; replies are never wrapped)")
+def run(model, prompt, verbose, format_, keepalive, think, hidethinking, nowordwrap) -> None:
+    """Run a model: answer PROMPT (or stdin) once, or chat when neither is given."""
+    from supervisor.cli_chat import RunOptions, interactive, run_once
+
+    if think is not None and think not in THINK_LEVELS:
+        prompt = (think, *prompt)  # `--think WORD...`: the word began the prompt
+        think = "true"
+    if keepalive is not None:
+        try:
+            parse_duration(keepalive)
+        except InvalidRequest as err:
+            raise CliError(err.message) from None
+    parts = list(prompt)
+    piped = _stdin_prompt()
+    if piped:
+        parts.insert(0, piped)
+    chat = piped is None and not parts and sys.stdout.isatty()
+    opts = RunOptions(model, prompt=" ".join(parts), format=_response_format(format_),
+                      keep_alive=keepalive, think=THINK_LEVELS.get(think or ""),
+                      hide_thinking=hidethinking, verbose=verbose)
+    with make_client() as client:
+        info = client.show(model)  # a missing model: "model "x" not found, try pulling it first"
+        if chat:
+            interactive(client, opts, info)
+        else:
+            run_once(client, opts)
+
+
+@main.command("list")
+@click.argument("prefix", default="")
+def list_models(prefix) -> None:
+    """List models (alias: ls)."""
+    with make_client() as client:
+        click.echo(models_table(client.tags(), prefix), nl=False)
+
+
+main.add_command(click.Command("ls", callback=list_models.callback, params=list_models.params,
+                               help=list_models.help, hidden=True))
+
+
+@main.command()
+@click.argument("prefix", default="")
+def ps(prefix) -> None:
+    """List running models."""
+    with make_client() as client:
+        click.echo(running_table(client.ps(), prefix), nl=False)
+
+
+SHOW_FIELDS = ("license", "modelfile", "parameters", "system", "template")
+
+
+@main.command()
+@click.argument("model")
+@click.option("--license", is_flag=True, help="Show license of a model")
+@click.option("--modelfile", is_flag=True, help="Show Modelfile of a model")
+@click.option("--parameters", is_flag=True, help="Show parameters of a model")
+@click.option("--system", is_flag=True, help="Show system message of a model")
+@click.option("--template", is_flag=True, help="Show template of a model")
+@click.option("-v", "--verbose", is_flag=True, help="Show detailed model information")
+def show(model, verbose, **flags) -> None:
+    """Show information for a model."""
+    chosen = [name for name in SHOW_FIELDS if flags[name]]
+    if len(chosen) > 1:
+        raise CliError("only one of '--license', '--modelfile', '--parameters', '--system', "
+                       "or '--template' can be specified")
+    with make_client() as client:
+        resp = client.show(model, verbose=verbose)
+    if not chosen:
+        click.echo(show_info(resp, verbose), nl=False)
+    elif chosen[0] in ("system", "template"):
+        click.echo(resp.get(chosen[0], ""), nl=False)
+    else:
+        click.echo(resp.get(chosen[0], ""))
+
+
+@main.command()
+@click.argument("name")
+@click.option("--insecure", is_flag=True, help="Use an insecure registry")
+def pull(name, insecure) -> None:
+    """Pull a model from a registry."""
+    from supervisor.cli_progress import Progress
+
+    with make_client() as client, Progress() as progress:
+        for item in client.pull(name, insecure):
+            progress.handle(item, "pulling", skip_empty=True)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--insecure", is_flag=True, help="Use an insecure registry")
+def push(name, insecure) -> None:
+    """Push a model to a registry."""
+    from supervisor.cli_progress import Progress
+
+    with make_client() as client, Progress() as progress:
+        for item in client.push(name, insecure):
+            progress.handle(item, "pushing")
+    click.echo(f"\nYou can find your model at:\n\n\t{name}\n")
+
+
+def _local_files(source: str, base: Path) -> dict[str, Path] | None:
+    """The model files of a local directory FROM names; None when it names a model."""
+    from supervisor.registry.sources import select_files
+
+    path = Path(source).expanduser()
+    path = path if path.is_absolute() else base / path
+    if path.is_dir():
+        try:
+            return select_files(path)
+        except InvalidRequest as err:
+            raise CliError(err.message) from None
+    if path.is_file():
+        raise CliError(f'"{source}" is a file: create a model from a directory with '
+                       "config.json and .safetensors files")
+    if source.startswith(("/", "./", "../", "~")):
+        raise CliError(f'no such directory "{source}"')
+    return None
+
+
+def create_request(name: str, modelfile: str | None = None, from_: str | None = None,
+                   preset: str | None = None, seed: int = 0, quantize: str | None = None,
+                   cwd: Path | None = None) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Ollama's JSON create body from a Modelfile and flags, and the local files to upload
+    (blob digests go into `files` once uploaded). --from / --random replace FROM."""
+    from supervisor.registry.modelfile import parse_modelfile
+
+    cwd = cwd or Path.cwd()
+    path = Path(modelfile).expanduser() if modelfile else Path("Modelfile")
+    path = path if path.is_absolute() else cwd / path
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+    elif modelfile:
+        raise CliError("specified Modelfile wasn't found")
+    else:
+        text = "FROM .\n"  # Ollama's default: the current directory is the model
+    override = from_ is not None or preset is not None
+    try:  # a last FROM wins, so an override keeps the Modelfile's line numbers in errors
+        parsed = parse_modelfile(text + "\nFROM -\n" if override else text)
+    except InvalidRequest as err:
+        raise CliError(err.message) from None
+    body: dict[str, Any] = {"model": name}
+    files: dict[str, Path] = {}
+    if preset is not None:
+        body["random"] = {"preset": preset, "seed": seed}
+    else:
+        source = from_ if from_ is not None else parsed.from_
+        found = _local_files(source, cwd if from_ is not None else path.parent)
+        if found is None:
+            body["from"] = source
+        else:
+            files = found
+    for key, value in (("template", parsed.template), ("system", parsed.system),
+                       ("license", parsed.license), ("parameters", parsed.parameters),
+                       ("messages", parsed.messages), ("quantize", quantize)):
+        if value:
+            body[key] = value
+    return body, files
+
+
+def _upload(client: ApiClient, progress: Any, path: Path, digest: str) -> None:
+    """Ollama's `copying file sha256:... N%` line; the bytes go only when the server lacks
+    the blob."""
+    key, size = f"copy {digest}", max(path.stat().st_size, 1)
+    progress.status(f"copying file {digest} 0%", key=key)
+    sent = 0
+
+    def on_bytes(n: int) -> None:
+        nonlocal sent
+        sent += n
+        progress.status(f"copying file {digest} {100 * sent // size}%", key=key)
+
+    if not client.has_blob(digest):
+        client.upload_blob(digest, path, on_bytes)
+    progress.status(f"copying file {digest} 100%", key=key)
+    progress.finish(key)
+
+
+@main.command()
+@click.argument("name")
+@click.option("-f", "--file", "modelfile", metavar="PATH",
+              help='Name of the Modelfile (default "Modelfile")')
+@click.option("-q", "--quantize", metavar="LEVEL", help="Quantize model to this level (q4, q8)")
+@click.option("--from", "from_", metavar="DIR|MODEL",
+              help="Build on a local model directory or a model (instead of FROM)")
+@click.option("--random", "preset", metavar="PRESET",
+              help="Build a random-weight test model: tiny, small or medium")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random")
+def create(name, modelfile, quantize, from_, preset, seed) -> None:
+    """Create a model from a Modelfile, a directory or a random preset."""
+    from supervisor.cli_progress import Progress
+
+    body, files = create_request(name, modelfile, from_, preset, seed, quantize)
+    with make_client() as client, Progress() as progress:
+        progress.status("gathering model components")
+        digests = {file_name: file_digest(path) for file_name, path in files.items()}
+        for file_name, path in files.items():
+            _upload(client, progress, path, digests[file_name])
+        if digests:
+            body["files"] = digests
+        for item in client.create(body):
+            progress.handle(item)
+
+
+@main.command()
+@click.argument("source")
+@click.argument("destination")
+def cp(source, destination) -> None:
+    """Copy a model."""
+    with make_client() as client:
+        client.copy(source, destination)
+    click.echo(f"copied '{source}' to '{destination}'")
+
+
+def _unload(client: ApiClient, model: str) -> None:
+    from supervisor.cli_chat import RunOptions, load_model
+
+    load_model(client, RunOptions(model, keep_alive=0))
+
+
+@main.command()
+@click.argument("names", nargs=-1, required=True)
+def rm(names) -> None:
+    """Remove models (unloading them first)."""
+    with make_client() as client:
+        for name in names:
+            try:
+                _unload(client, name)
+            except ServerError as err:
+                if err.status != 404:
+                    raise CliError(f'unable to stop existing running model "{name}": '
+                                   f"{err.message}") from None
+            client.delete(name)
+            click.echo(f"deleted '{name}'")
+
+
+@main.command()
+@click.argument("model")
+def stop(model) -> None:
+    """Stop (unload) a running model."""
+    with make_client() as client:
+        try:
+            _unload(client, model)
+        except ServerError as err:
+            if err.status == 404:
+                raise CliError(f'couldn\'t find model "{model}" to stop') from None
+            raise
+
+
+@main.command(add_help_option=False,
+              context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def bench(ctx) -> None:
+    """Benchmark the runner against peers (options: mlxr bench --help)."""
+    from supervisor.benchmark.cli import main as bench_main
+
+    bench_main(ctx.args)
 
 if __name__ == "__main__":
     main()

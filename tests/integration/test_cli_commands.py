@@ -1,0 +1,242 @@
+"""The `mlxr` command line as a user runs it: real `mlxr` subprocesses against a real
+`mlxr serve` with the tiny random model (num_predict 8 from its Modelfile: it never emits EOS),
+and the interactive chat driven through a pseudo-terminal with pexpect."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from tests.fakes.server import free_port, start_server, write_fake_model
+
+pytestmark = pytest.mark.timeout(180)
+MLXR = [sys.executable, "-m", "supervisor.cli"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, subprocess_env):
+    srv = start_server(tmp_path_factory.mktemp("cli"), subprocess_env, MLXR_KEEP_ALIVE="10m")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def env(server, subprocess_env) -> dict[str, str]:
+    return {**subprocess_env, "MLXR_HOST": server.url.removeprefix("http://"),
+            "OLLAMA_HOST": "127.0.0.1:1", "TERM": "xterm"}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cli-work")
+
+
+@pytest.fixture(scope="module")
+def mlxr(env, workdir):
+    def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+        return subprocess.run([*MLXR, *args], env=env, cwd=workdir, input=stdin,
+                              capture_output=True, text=True, timeout=120)
+    return run
+
+
+@pytest.fixture(scope="module")
+def tiny(mlxr, workdir) -> subprocess.CompletedProcess:
+    """`mlxr create tiny-model --random tiny -f Modelfile`: the model the other tests use."""
+    (workdir / "Modelfile").write_text("PARAMETER num_predict 8\nSYSTEM You are tiny.\n")
+    return mlxr("create", "tiny-model", "--random", "tiny", "-f", "Modelfile")
+
+
+def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def test_create_random_then_list_and_show(tiny, mlxr):
+    lines = ok(tiny).stderr.splitlines()
+    assert lines[0] == "gathering model components" and lines[-1] == "success"
+    assert "writing manifest" in lines and any(x.startswith("creating new layer sha256:")
+                                               for x in lines)
+    listed = ok(mlxr("list")).stdout.splitlines()
+    assert re.split(r"\s{2,}", listed[0]) == ["NAME", "ID", "SIZE", "MODIFIED"]
+    row = next(x for x in listed if x.startswith("tiny-model:latest"))
+    assert re.fullmatch(r"tiny-model:latest\s+[0-9a-f]{12}\s+\d+ MB\s+.*(ago|second.*)", row)
+    filtered = ok(mlxr("ls", "TINY")).stdout.splitlines()[1:]  # a name prefix filters
+    assert [x.split()[:4] for x in filtered] == [row.split()[:4]]
+
+    summary = ok(mlxr("show", "tiny-model")).stdout
+    for pattern in (r"^  Model$", r"^    architecture\s+qwen3$", r"^    parameters\s+19\.54M$",
+                    r"^    context length\s+40960$", r"^    quantization\s+F32$",
+                    r"^  Capabilities$", r"^    completion$", r"^  Parameters$",
+                    r"^    num_predict\s+8$", r"^  System$", r"^    You are tiny\.$"):
+        assert re.search(pattern, summary, re.M), (pattern, summary)
+    modelfile = ok(mlxr("show", "tiny-model", "--modelfile")).stdout
+    assert "FROM tiny-model:latest" in modelfile and "PARAMETER num_predict 8" in modelfile
+    assert ok(mlxr("show", "tiny-model", "--parameters")).stdout.split() == ["num_predict", "8"]
+    assert ok(mlxr("show", "tiny-model", "--system")).stdout == "You are tiny."
+    both = mlxr("show", "tiny-model", "--system", "--license")
+    assert both.returncode == 1 and both.stderr.startswith("Error: only one of")
+
+
+def test_run_once_streams_the_reply_and_verbose_timings(tiny, mlxr):
+    out = ok(mlxr("run", "tiny-model", "hello", "--verbose"))
+    assert out.stdout.endswith("\n\n") and out.stdout.strip()
+    stats = dict(line.split(":", 1) for line in out.stderr.splitlines() if ":" in line)
+    assert stats["eval count"].strip() == "8 token(s)"
+    assert re.fullmatch(r"\s*[\d.]+(ms|s)", stats["total duration"])
+    assert re.fullmatch(r"\s*[\d.]+ tokens/s", stats["eval rate"])
+    short = int(stats["prompt eval count"].split()[0])
+    # stdin is the prompt (with the argument after it), as with `ollama run`
+    piped = ok(mlxr("run", "tiny-model", "--verbose", "and more", stdin="word " * 40))
+    stats = dict(line.split(":", 1) for line in piped.stderr.splitlines() if ":" in line)
+    assert int(stats["prompt eval count"].split()[0]) >= short + 40
+    assert piped.stdout.strip()
+
+
+def test_ps_then_stop(tiny, mlxr):
+    ok(mlxr("run", "tiny-model", "hi"))
+    table = ok(mlxr("ps")).stdout.splitlines()
+    assert re.split(r"\s{2,}", table[0]) == ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT",
+                                             "UNTIL"]
+    row = re.split(r"\s{2,}", next(x for x in table if x.startswith("tiny-model:latest")))
+    assert row[2].endswith("MB") and row[3] in ("100% CPU", "100% GPU") and row[4] == "4096"
+    assert row[5] in ("9 minutes from now", "10 minutes from now")
+    assert ok(mlxr("stop", "tiny-model")).stdout == ""
+    assert "tiny-model" not in ok(mlxr("ps")).stdout
+
+
+def test_cp_and_rm(tiny, mlxr):
+    assert ok(mlxr("cp", "tiny-model", "copy-model")).stdout == \
+        "copied 'tiny-model' to 'copy-model'\n"
+    assert "copy-model:latest" in mlxr("list").stdout
+    assert ok(mlxr("rm", "copy-model")).stdout == "deleted 'copy-model'\n"
+    assert "copy-model" not in mlxr("list").stdout
+    again = mlxr("rm", "copy-model")
+    assert again.returncode == 1 and again.stderr == 'Error: model "copy-model" not found\n'
+
+
+def test_create_from_a_directory_uploads_its_files_as_blobs(tiny, mlxr, workdir, server):
+    write_fake_model(workdir / "fake")
+    (workdir / "fake.Modelfile").write_text(
+        'FROM ./fake\nSYSTEM """Be brief."""\nPARAMETER temperature 0.5\nPARAMETER stop <a>\n'
+        "PARAMETER stop <b>\nLICENSE MIT\nMESSAGE user hi\nMESSAGE assistant hello\n")
+    out = ok(mlxr("create", "fake-model", "-f", "fake.Modelfile"))
+    copied = re.findall(r"^copying file sha256:([0-9a-f]{64}) 100%$", out.stderr, re.M)
+    assert len(copied) == 3 and out.stderr.splitlines()[-1] == "success"
+    for hex_digest in copied:  # each file went to the server's blob store
+        assert (server.models_dir / "blobs" / f"sha256-{hex_digest}").is_file()
+    params = ok(mlxr("show", "fake-model", "--parameters")).stdout
+    assert re.search(r'^stop\s+"<a>"$', params, re.M) and re.search(r'^stop\s+"<b>"$', params,
+                                                                    re.M)
+    assert re.search(r"^temperature\s+0.5$", params, re.M)
+    assert ok(mlxr("show", "fake-model", "--system")).stdout == "Be brief."
+    assert ok(mlxr("show", "fake-model", "--license")).stdout == "MIT\n"
+    assert "MESSAGE assistant hello" in mlxr("show", "fake-model", "--modelfile").stdout
+
+    # FROM a model name sends `from`: no files are copied
+    (workdir / "derived.Modelfile").write_text("FROM tiny-model\nSYSTEM Derived.\n")
+    derived = ok(mlxr("create", "derived", "-f", "derived.Modelfile"))
+    assert "copying file" not in derived.stderr and derived.stderr.endswith("success\n")
+    assert ok(mlxr("show", "derived", "--system")).stdout == "Derived."
+    assert ok(mlxr("show", "derived", "--parameters")).stdout.split() == ["num_predict", "8"]
+
+
+def test_push_and_pull_through_a_real_registry(tiny, mlxr, workdir, tmp_path):
+    from tests.integration.registry_fixture import start_registry
+
+    write_fake_model(workdir / "fake")  # small files: a quick round trip
+    ok(mlxr("create", "small-fake", "--from", "fake"))
+    registry = start_registry(tmp_path / "registry")
+    try:
+        name = f"{registry.host}/cli/fake:v1"
+        ok(mlxr("cp", "small-fake", name))
+        pushed = ok(mlxr("push", name, "--insecure"))
+        assert re.search(r"^pushing [0-9a-f]{12}\.\.\. 100% ▕█+▏ \d+(\.\d)? [KM]?B$",
+                         pushed.stderr, re.M), pushed.stderr
+        assert pushed.stderr.endswith("success\n") and name in pushed.stdout
+        ok(mlxr("rm", name))
+        pulled = ok(mlxr("pull", name, "--insecure"))
+        lines = pulled.stderr.splitlines()
+        assert lines[0] == "pulling manifest" and lines[-1] == "success"
+        assert any(re.fullmatch(r"pulling [0-9a-f]{12}\.\.\. 100% ▕█+▏ .*B", x) for x in lines)
+        assert name in mlxr("list").stdout
+    finally:
+        registry.stop()
+
+
+def test_errors_are_reported_with_exit_status_1(tiny, mlxr):
+    for args, message in (
+            (("show", "nope"), 'Error: model "nope" not found, try pulling it first'),
+            (("run", "nope", "hi"), 'Error: model "nope" not found, try pulling it first'),
+            (("stop", "nope"), 'Error: couldn\'t find model "nope" to stop'),
+            (("create", "x", "-f", "missing"), "Error: specified Modelfile wasn't found"),
+            (("create", "x", "--random", "huge"), 'Error: unknown random preset "huge"'),
+            (("run", "tiny-model", "--keepalive", "soon", "hi"), 'Error: invalid duration')):
+        result = mlxr(*args)  # progress lines may come first, as with `ollama create`
+        last = result.stderr.splitlines()[-1]
+        assert result.returncode == 1 and last.startswith(message), (args, result)
+
+
+def test_every_client_command_says_how_to_start_a_missing_server(subprocess_env, tmp_path):
+    port = free_port()
+    env = {**subprocess_env, "MLXR_HOST": f"127.0.0.1:{port}"}
+    expected = (f"Error: could not connect to mlxr at http://127.0.0.1:{port} — is it running? "
+                "Start it with: mlxr serve\n")
+    for args in (["list"], ["ps"], ["run", "m", "hi"], ["pull", "m"], ["rm", "m"]):
+        result = subprocess.run([*MLXR, *args], env=env, cwd=tmp_path, capture_output=True,
+                                text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert (result.returncode, result.stdout, result.stderr) == (1, "", expected), args
+
+
+def test_interactive_chat_through_a_terminal(tiny, env, workdir):
+    child = pexpect.spawn(MLXR[0], [*MLXR[1:], "run", "tiny-model"], env=env, cwd=str(workdir),
+                          encoding="utf-8", timeout=60, dimensions=(50, 200))
+    try:
+        child.expect_exact(">>> ")
+        child.sendline("/?")
+        child.expect_exact('Use """ to begin a multi-line message.')
+        child.expect_exact(">>> ")
+        child.sendline("/set verbose")
+        child.expect_exact("Set 'verbose' mode.")
+        child.expect_exact(">>> ")
+
+        def turn(*lines: str) -> tuple[int, int]:
+            for line in lines:
+                child.sendline(line)
+            child.expect(r"prompt eval count:\s+(\d+) token")
+            prompt_tokens = int(child.match.group(1))
+            child.expect(r"eval count:\s+(\d+) token")
+            reply_tokens = int(child.match.group(1))
+            child.expect_exact(">>> ")
+            return prompt_tokens, reply_tokens
+
+        first = turn("Hello there")
+        assert first[1] == 8  # the model's PARAMETER num_predict 8
+        child.sendline("/set parameter num_predict 5")
+        child.expect_exact("Set parameter 'num_predict' to '5'")
+        child.expect_exact(">>> ")
+        child.sendline('"""First line')
+        child.expect_exact("... ")
+        second = turn('second line"""')
+        assert second[1] == 5
+        assert second[0] > first[0] + first[1]  # the whole conversation was sent
+        child.sendline("/show info")
+        child.expect(r"architecture\s+qwen3")
+        child.expect_exact(">>> ")
+        child.sendline("/show parameters")
+        child.expect(r"User defined parameters:\s+num_predict\s+5")
+        child.expect_exact(">>> ")
+        child.sendline("/clear")
+        child.expect_exact("Cleared session context")
+        child.expect_exact(">>> ")
+        third = turn("Hello there")
+        assert third == (first[0], 5)  # a fresh conversation (with the model's system prompt)
+        child.sendline("/bye")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0, child.before
