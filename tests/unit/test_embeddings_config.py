@@ -1,0 +1,77 @@
+"""The sentence-transformers file rules (runner.pooling.read_pooling_config) on tmp_path,
+including the store's layout: a directory of symlinks to blobs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runner.pooling import PoolingConfig, modes_from_config, read_pooling_config
+
+MODULES = [
+    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    {"idx": 2, "name": "2", "path": "2_Normalize",
+     "type": "sentence_transformers.models.Normalize"},
+]
+CLS = {"word_embedding_dimension": 8, "pooling_mode_cls_token": True,
+       "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False}
+
+
+def write(path: Path, data) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_store_layout_symlinks_in_a_subfolder(tmp_path):
+    blobs, model = tmp_path / "blobs", tmp_path / "model"
+    (model / "1_Pooling").mkdir(parents=True)
+    (model / "modules.json").symlink_to(write(blobs / "sha256-a", MODULES))
+    (model / "1_Pooling" / "config.json").symlink_to(write(blobs / "sha256-b", CLS))
+    (model / "sentence_bert_config.json").symlink_to(
+        write(blobs / "sha256-c", {"max_seq_length": 128, "do_lower_case": False}))
+    assert read_pooling_config(model) == PoolingConfig(["cls"], True, 128)
+
+
+def test_flattened_pooling_config_is_found(tmp_path):
+    write(tmp_path / "modules.json", MODULES)
+    write(tmp_path / "1_Pooling_config.json", CLS)
+    assert read_pooling_config(tmp_path).modes == ["cls"]
+    (tmp_path / "1_Pooling_config.json").unlink()
+    write(tmp_path / "pooling_config.json", CLS)
+    assert read_pooling_config(tmp_path).modes == ["cls"]
+
+
+def test_missing_pooling_config_means_mean_pooling(tmp_path):
+    write(tmp_path / "modules.json", MODULES)
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").symlink_to(tmp_path / "gone")  # dangling link
+    assert read_pooling_config(tmp_path) == PoolingConfig(["mean"], True, None)
+
+
+def test_normalize_only_when_modules_json_lists_it(tmp_path):
+    write(tmp_path / "modules.json", MODULES[:2])
+    assert read_pooling_config(tmp_path).normalize is False
+
+
+def test_no_modules_json_means_mean_and_normalize(tmp_path):
+    assert read_pooling_config(tmp_path) == PoolingConfig(["mean"], True, None)
+
+
+def test_modules_we_do_not_implement_are_a_load_error(tmp_path):
+    dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
+    write(tmp_path / "modules.json", MODULES + [dense])
+    with pytest.raises(ValueError, match="Dense"):
+        read_pooling_config(tmp_path)
+
+
+def test_modes_follow_sentence_transformers_order_and_reject_unsupported():
+    both = {"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True}
+    assert modes_from_config(both) == ["cls", "mean"]
+    with pytest.raises(ValueError):
+        modes_from_config({"pooling_mode_weightedmean_tokens": True})
+    with pytest.raises(ValueError):
+        modes_from_config({"pooling_mode_mean_tokens": False})
