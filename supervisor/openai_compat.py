@@ -7,14 +7,17 @@ Defaults follow Ollama's OpenAI compatibility layer: temperature and top_p defau
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
+import sys
 import time
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
 from shared.errors import InvalidRequest
-from supervisor.service import ChatRequest, Delta, Final, GenerateRequest
+from supervisor.service import ChatRequest, Delta, EmbedCall, Final, GenerateRequest
 
 MAX_CHOICES = 16
 MAX_PROMPTS = 64
@@ -291,3 +294,29 @@ def completion_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
             "top_logprobs": [{t["token"]: t["logprob"] for t in e.get("top_logprobs", [])}
                              for e in entries],
             "text_offset": []}
+
+
+# -- embeddings ----------------------------------------------------------------------------
+
+def parse_embeddings(body: dict[str, Any]) -> tuple[EmbedCall, str]:
+    model = _param(body, "model", (str,))
+    if not model:
+        raise InvalidRequest("you must provide a model parameter", param="model")
+    raw = body.get("input")
+    if raw is None or raw == [] or raw == "":
+        raise InvalidRequest("input must not be empty", param="input")
+    encoding = _param(body, "encoding_format", (str,), "float")
+    if encoding not in ("float", "base64"):
+        raise InvalidRequest("encoding_format must be float or base64", param="encoding_format")
+    dims = _param(body, "dimensions", (int,))
+    return EmbedCall(model=model, input=raw, dimensions=dims), encoding
+
+
+def encode_embedding(vector: list[float], encoding: str) -> list[float] | str:
+    """OpenAI's base64 form is the little-endian float32 bytes of the vector."""
+    if encoding == "float":
+        return vector
+    data = array("f", vector)
+    if sys.byteorder == "big":
+        data.byteswap()
+    return base64.b64encode(data.tobytes()).decode()

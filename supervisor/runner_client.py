@@ -29,7 +29,7 @@ import orjson
 
 from shared.config import RunnerConfig, Settings
 from shared.errors import MlxrError, RunnerFailed, from_status
-from shared.protocol import Chunk, CompletionRequest, RunnerStatus
+from shared.protocol import Chunk, CompletionRequest, EmbedRequest, EmbedResponse, RunnerStatus
 
 log = logging.getLogger("mlxr.runner")
 
@@ -193,6 +193,9 @@ class RunnerClient:
     async def detokenize(self, tokens: list[int]) -> str:
         data = await self._post_json("/v1/detokenize", {"tokens": tokens})
         return data["content"]
+
+    async def embed(self, request: EmbedRequest) -> EmbedResponse:
+        return EmbedResponse.from_dict(await self._post_json("/v1/embeddings", request.to_dict()))
 
     async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from shared.config import Settings
 from shared.errors import InvalidRequest, MlxrError
-from shared.protocol import CompletionRequest, Options
+from shared.protocol import CompletionRequest, EmbedRequest, EmbedResponse, Options
 from supervisor import memory
 from supervisor.metrics import Metrics
 from supervisor.prompt import Renderer, renderer_for
@@ -60,6 +60,24 @@ class GenerateRequest:
     keep_alive_s: float | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+
+
+@dataclass(slots=True)
+class EmbedCall:
+    model: str
+    input: Any  # a string, a list of strings, or token arrays
+    truncate: bool = True
+    dimensions: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    keep_alive_s: float | None = None
+
+
+@dataclass(slots=True)
+class EmbedResult:
+    embeddings: list[list[float]]
+    prompt_eval_count: int
+    load_duration: int = 0  # ns
+    total_duration: int = 0
 
 
 @dataclass(slots=True)
@@ -206,14 +224,30 @@ class Service:
         out.sort(key=lambda m: m.expires_at, reverse=True)
         return out
 
-    async def embed(self, model: str) -> dict[str, Any]:
-        """Embeddings are not served yet: this raises, for the right reason."""
-        record = self.resolve(model)
-        if "embedding" not in self._capabilities(record):
-            raise InvalidRequest(f'"{model}" does not support embeddings')
-        err = MlxrError(f'embeddings are not implemented yet for "{model}"')
-        err.status = 501
-        raise err
+    async def embed(self, req: EmbedCall) -> EmbedResult:
+        """Embeddings from an embedding model, or pooled from a language model (as Ollama
+        gives for generative models)."""
+        started = time.monotonic()
+        record = self.resolve(req.model)
+        caps = self._capabilities(record)
+        if "embedding" not in caps and "completion" not in caps:
+            raise InvalidRequest(f'"{req.model}" does not support embeddings')
+        wire = EmbedRequest.from_dict({"input": req.input, "truncate": req.truncate,
+                                       "dimensions": req.dimensions})
+        runner_dir = self.store.runner_dir(record)
+        spec = self._spec(record, runner_dir, self._options(record, req.options))
+        if "completion" not in caps:  # an encoder keeps no KV cache
+            spec.estimate_bytes = int(memory.weights_bytes(runner_dir) * memory.WEIGHT_OVERHEAD)
+            spec.kv_cache_bytes = spec.min_kv_bytes = 0
+        lease = await self.manager.acquire(spec, self._keep_alive(req.keep_alive_s))
+        try:
+            reply = await lease.runner.embed(wire) if wire.input else EmbedResponse([])
+        finally:
+            self.manager.release(lease)
+        self.metrics.observe_prompt(req.model, reply.prompt_eval_count)
+        return EmbedResult(reply.embeddings, reply.prompt_eval_count,
+                           load_duration=_ns(lease.load_duration_s),
+                           total_duration=_ns(time.monotonic() - started))
 
     def resolve(self, model: str) -> Any:
         if not model:

@@ -22,16 +22,21 @@ def test_setup_demo_then_serve(tmp_path, subprocess_env):
     first = mlxr("setup-demo", env=env)
     assert first.returncode == 0, first.stderr
     assert "success" in first.stdout and "demo:latest is ready" in first.stdout
+    assert "all-minilm:latest is ready" in first.stdout
     again = mlxr("setup-demo", env=env)
     assert again.returncode == 0 and "success" not in again.stdout  # already there
 
     server = start_server(tmp_path, subprocess_env, models_dir=tmp_path / "models")
     try:
         client = server.client()
-        [model] = client.list().models
-        assert model.model == "demo:latest" and model.details.family == "qwen3"
+        models = {m.model: m for m in client.list().models}
+        assert sorted(models) == ["all-minilm:latest", "demo:latest"]
+        assert models["demo:latest"].details.family == "qwen3"
         reply = client.generate(model="demo", prompt="Hello", options={"num_predict": 3})
         assert reply.eval_count == 3 and reply.done_reason == "length"
+        [vector] = client.embed(model="all-minilm", input="Hello").embeddings
+        assert len(vector) == 384 and abs(sum(v * v for v in vector) - 1) < 1e-4
+        assert "embedding" in client.show("all-minilm").capabilities
     finally:
         server.stop()
 

