@@ -39,6 +39,7 @@ class LoadedModel:
     bytes_per_token: int
     vocab_size: int
     capabilities: list[str] = field(default_factory=lambda: ["completion"])
+    embedder: Any = None  # runner.embeddings.Embedder, or None: no embeddings
 
 
 class Engine:
@@ -112,13 +113,23 @@ class Engine:
             self._drain(block=not self.scheduler.has_work)
             if self._stopping:
                 break
-            self._step()
+            if self.model_step is not None:  # None: an encoder, served by Engine.call only
+                self._step()
 
     def _load(self) -> None:
         from mlx_lm.utils import load
 
+        from runner.embeddings import LMEmbedder, is_encoder_dir, load_encoder_embedder
         from runner.model_step import ModelStep
 
+        if is_encoder_dir(self.config.model_dir):
+            emb = load_encoder_embedder(self.config.model_dir, self.config.context_length)
+            self.loaded = LoadedModel(emb.model, emb.tokenizer, emb.max_length, 1,
+                                      emb.vocab_size, ["embedding"], emb)
+            # Never fed (the server refuses completions for an embedding-only model) and no
+            # model_step: the loop only serves Engine.call.
+            self.scheduler = Scheduler(SchedulerConfig(), admit=lambda seq: 0, eos_token_ids=set())
+            return
         model, tokenizer, model_config = load(self.config.model_dir, return_config=True)
         self.progress = 0.9
         max_context = int(model_config.get("max_position_embeddings")
@@ -127,7 +138,11 @@ class Engine:
         step = ModelStep(model, self.prefix_cache, self._token_text_fn(tokenizer))
         bytes_per_token = _kv_bytes_per_token(model)
         vocab_size = int(model_config.get("vocab_size") or len(tokenizer._tokenizer))
-        self.loaded = LoadedModel(model, tokenizer, max_context, bytes_per_token, vocab_size)
+        embedder = None if step.split.body is None else LMEmbedder.make(
+            model, step.split.body, tokenizer, min(self.config.context_length, max_context),
+            vocab_size)
+        self.loaded = LoadedModel(model, tokenizer, max_context, bytes_per_token, vocab_size,
+                                  embedder=embedder)
         budget_bytes = self.config.kv_cache_bytes or int(psutil.virtual_memory().available * 0.5)
         self.model_step = step
         self.scheduler = Scheduler(
@@ -170,8 +185,10 @@ class Engine:
         if plan.prefill is not None and plan.prefill.start == plan.prefill.seq.num_cached \
                 and not plan.prefill.seq.t_prefill_start_ns:
             plan.prefill.seq.t_prefill_start_ns = time.perf_counter_ns()
+        started = time.perf_counter()
         try:
             result = self.model_step.run(plan)
+            self.scheduler.observe(plan, time.perf_counter() - started)
         except Exception as exc:  # out of memory, or a bug: fail this step's requests only
             log.exception("engine step failed")
             involved = list(plan.decode) + ([plan.prefill.seq] if plan.prefill else [])
@@ -232,7 +249,9 @@ class Engine:
 
     # -- request preparation (any thread) ------------------------------------------------
     def make_sequence(self, seq_id: int, tokens: list[int], options, logprobs: bool,
-                      top_logprobs: int, sink: Callable[[Any], None]) -> Sequence:
+                      top_logprobs: int, sink: Callable[[Any], None],
+                      grammar: Any = None) -> Sequence:
+        """`grammar`: a runner.grammar.GrammarProcessor for structured output, or None."""
         loaded = self.loaded
         num_ctx = min(options.num_ctx or self.config.context_length, loaded.max_context)
         max_new = options.num_predict if options.num_predict >= 0 else num_ctx
@@ -240,6 +259,8 @@ class Engine:
                        max_new_tokens=max_new, context_length=num_ctx, logprobs=logprobs,
                        top_logprobs=top_logprobs, sink=sink)
         seq.sampler = Sampler.from_options(options, num_ctx)
+        if grammar is not None:
+            seq.sampler.processors.append(grammar)  # last: it masks after penalties and bias
         seq.stream = TextStream(_fast_decode(loaded.tokenizer, skip_special=True), options.stop)
         return seq
 

@@ -146,6 +146,7 @@ class ModelStep:
                 "batch rows out of step with the scheduler"
             inputs = mx.array([[s.output_tokens[-1]] for s in self.rows], dtype=mx.int32)
             logits = self.model(inputs, cache=self.batch)[:, -1, :]
+            self._prepare_hooks(logits, self.rows)
             outputs.append((self.rows, self._sample(logits, self.rows)))
         chunk = plan.prefill
         if chunk is not None:
@@ -171,6 +172,17 @@ class ModelStep:
         if chunk is not None and chunk.is_last:
             self._merge(chunk.seq)
         return result
+
+    @staticmethod
+    def _prepare_hooks(logits: mx.array, seqs: list[Sequence]) -> None:
+        """Start the forward pass on the device, then do the hooks' host work (grammar masks
+        for the token chosen last step) while it runs. Rows without hooks: nothing changes."""
+        hooked = [s for s in seqs if s.sampler.processors]
+        if not hooked:
+            return
+        mx.async_eval(logits)
+        for seq in hooked:
+            seq.sampler.prepare(seq.all_tokens)
 
     def _sample(self, logits: mx.array, seqs: list[Sequence]) -> SampleOutput:
         return sample(logits, [s.sampler for s in seqs],

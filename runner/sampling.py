@@ -22,6 +22,7 @@ from shared.protocol import Options
 MAX_TOP_K = 1024
 
 # A per-request hook on one row of logits, given the tokens so far (grammar masks use it).
+# A hook may also have `prepare(tokens)`: host work the engine runs during the forward pass.
 LogitsProcessor = Callable[[list[int], mx.array], mx.array]
 
 
@@ -86,6 +87,14 @@ class Sampler:
         for hook in self.processors:
             row = hook(tokens, row)
         return row
+
+    def prepare(self, tokens: list[int]) -> None:
+        """Host-side work of the hooks that can run before the logits exist (grammar masks),
+        so the engine overlaps it with the forward pass."""
+        for hook in self.processors:
+            prepare = getattr(hook, "prepare", None)
+            if prepare is not None:
+                prepare(tokens)
 
 
 @dataclass(slots=True)

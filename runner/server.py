@@ -1,6 +1,6 @@
 """The runner's HTTP face: /v1/status, /v1/completions (alias /completion), /v1/tokenize,
-/v1/detokenize. Validation happens here, before a request is queued, so bad input is a 4xx
-and never a broken stream."""
+/v1/detokenize, /v1/embeddings. Validation happens here, before a request is queued, so bad
+input is a 4xx and never a broken stream."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from aiohttp import web
 from shared.config import RunnerConfig
 from shared.errors import ContextOverflow, InvalidRequest, MlxrError, ServerBusy
 from shared.ndjson import dumps_line
-from shared.protocol import CompletionRequest
+from shared.protocol import CompletionRequest, EmbedRequest
+from runner.embeddings import embed
 from runner.engine import Engine
+from runner.grammar import make_grammar
 
 log = logging.getLogger("mlxr.runner")
 
@@ -83,6 +85,18 @@ async def detokenize(request: web.Request) -> web.Response:
     return web.json_response({"content": engine.loaded.tokenizer.decode(tokens)})
 
 
+async def embeddings(request: web.Request) -> web.Response:
+    import orjson  # json.dumps is slow on up to 2048 x dims floats
+
+    engine = _ready_engine(request)
+    req = EmbedRequest.from_dict(await _json(request))
+    if engine.loaded.embedder is None:
+        raise InvalidRequest("model does not support embeddings")
+    result = await embed(req, engine.loaded.embedder, engine.call)
+    return web.Response(body=orjson.dumps(result.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY),
+                        content_type="application/json")
+
+
 def _encode(engine: Engine, text: str, add_special: bool) -> list[int]:
     tokenizer = engine.loaded.tokenizer
     bos = getattr(tokenizer, "bos_token", None)
@@ -100,6 +114,8 @@ def _check_token_ids(engine: Engine, tokens: list[int]) -> None:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     engine = _ready_engine(request)
+    if "completion" not in engine.loaded.capabilities:
+        raise InvalidRequest("model does not support generate")
     req = CompletionRequest.from_dict(await _json(request))
     tokens = list(req.tokens or [])
     if req.prompt:
@@ -113,10 +129,15 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if len(tokens) >= num_ctx:
         raise ContextOverflow(
             f"input length ({len(tokens)} tokens) exceeds the context length ({num_ctx} tokens)")
+    grammar = None
+    if req.format is not None:  # compiled here, so a bad schema is a 400, not a broken stream
+        grammar = await asyncio.get_running_loop().run_in_executor(
+            None, make_grammar, engine.loaded.tokenizer, engine.loaded.vocab_size, req.format,
+            len(tokens))
 
     outbox: asyncio.Queue = asyncio.Queue()
     seq = engine.make_sequence(next(request.app[SEQ_IDS]), tokens, req.options, req.logprobs,
-                               req.top_logprobs, outbox.put_nowait)
+                               req.top_logprobs, outbox.put_nowait, grammar=grammar)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
     engine.submit(seq)
@@ -161,6 +182,7 @@ def make_app(config: RunnerConfig) -> web.Application:
     app.router.add_post("/completion", completions)
     app.router.add_post("/v1/tokenize", tokenize)
     app.router.add_post("/v1/detokenize", detokenize)
+    app.router.add_post("/v1/embeddings", embeddings)
     return app
 
 

@@ -1,0 +1,178 @@
+"""Structured output: constrain a request's tokens to a JSON schema, any JSON object, or a regex.
+
+llguidance compiles the request's `format` against the model's tokenizer. Each constrained
+request gets a `GrammarProcessor`, a logits processor on its own row: it feeds the matcher the
+tokens chosen since its last call, then sets every token the grammar does not allow to -inf.
+When the grammar is complete only the EOS tokens stay allowed, so the request stops with "stop".
+
+Invariants:
+- `num_consumed` counts the output tokens the matcher has seen; the history it is handed is
+  prompt + outputs, so a preempted and recomputed sequence resumes at the same grammar state.
+- The mask for a position is computed once: by `prepare` while the device runs the forward
+  pass (see ModelStep.run), by `make_grammar` for the first position, or on first use.
+- Nothing here touches MLX except `__call__` (on the engine thread); compiling runs on any
+  thread, so the completions handler compiles in an executor and rejects bad formats with 400.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import llguidance as llg
+import numpy as np
+
+from shared.errors import InvalidRequest
+
+log = logging.getLogger("mlxr.runner")
+
+# "json" means any JSON object, as in Ollama.
+ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
+# Whitespace allowed at each place JSON allows it: one space or tab, or a line break and up to
+# 32 columns of indentation. Enough for pretty-printed output, but bounded, so a model cannot
+# loop on whitespace (llguidance's default allows any amount).
+JSON_WHITESPACE = r"[\x20\x09]|\x0D?\x0A[\x20\x09]{0,32}"
+JSON_DEFAULTS = {"whitespace_pattern": JSON_WHITESPACE}
+MAX_CACHED_GRAMMARS = 64
+# Short errors: the verbose ones dump parser state and the whole grammar into a 400's text.
+LIMITS = llg.LLParserLimits(verbose_errors=False)
+MAX_REASON_CHARS = 800
+
+
+def grammar_text(fmt: Any) -> str:
+    """The llguidance grammar for a wire `format`; InvalidRequest for a malformed one."""
+    if fmt == "json":
+        fmt = ANY_JSON_OBJECT
+    if not isinstance(fmt, dict):
+        raise InvalidRequest('format must be "json", a JSON schema object, '
+                             'or {"type": "regex", "pattern": "..."}')
+    if fmt.get("type") == "regex":
+        pattern = fmt.get("pattern")
+        if not isinstance(pattern, str) or not pattern:
+            raise InvalidRequest("a regex format needs a non-empty string pattern")
+        return llg.LLMatcher.grammar_from_regex(pattern)
+    try:
+        return llg.LLMatcher.grammar_from_json_schema(fmt, defaults=JSON_DEFAULTS)
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid JSON schema: {exc}") from None
+
+
+@dataclass(slots=True)
+class GrammarCompiler:
+    """One per loaded model: the llguidance view of its tokenizer (about 1 s to build) and an
+    LRU of compiled grammars, copied per request (microseconds, against milliseconds to
+    compile)."""
+
+    tokenizer: Any  # llguidance.LLTokenizer
+    vocab_size: int  # the width of the model's logits
+    eos_ids: tuple[int, ...]
+    _cache: OrderedDict = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def from_hf(cls, backend: Any, vocab_size: int, eos_ids: list[int]) -> "GrammarCompiler":
+        """`backend` is a `tokenizers.Tokenizer` (a fast HF tokenizer's backend_tokenizer)."""
+        backend = copy.copy(backend)  # padding/truncation would change what to_str() encodes
+        backend.no_padding()
+        backend.no_truncation()
+        n_vocab = max(vocab_size, backend.get_vocab_size(with_added_tokens=True))
+        lltok = llg.LLTokenizer(backend.to_str(), n_vocab=n_vocab, eos_token=sorted(eos_ids))
+        return cls(lltok, vocab_size, tuple(sorted(eos_ids)))
+
+    def matcher(self, fmt: Any) -> Any:
+        """A fresh matcher for `fmt`; InvalidRequest with llguidance's reason if it does not
+        compile."""
+        text = grammar_text(fmt)
+        with self._lock:
+            cached = self._cache.get(text)
+            if cached is not None:
+                self._cache.move_to_end(text)
+                return cached.deep_copy()
+        compiled = llg.LLMatcher(self.tokenizer, text, log_level=0, limits=LIMITS)
+        if compiled.is_error():
+            reason = compiled.get_error().strip()[:MAX_REASON_CHARS]
+            raise InvalidRequest(f"invalid format: {reason}")
+        with self._lock:
+            self._cache[text] = compiled
+            while len(self._cache) > MAX_CACHED_GRAMMARS:
+                self._cache.popitem(last=False)
+            return compiled.deep_copy()
+
+
+class GrammarProcessor:
+    """The `LogitsProcessor` of one constrained request (see the module docstring)."""
+
+    __slots__ = ("matcher", "num_prompt", "num_consumed", "vocab_size", "_allowed", "_warned")
+
+    def __init__(self, matcher: Any, num_prompt: int, vocab_size: int):
+        self.matcher = matcher
+        self.num_prompt = num_prompt
+        self.num_consumed = 0
+        self.vocab_size = vocab_size
+        self._allowed: np.ndarray | None = None
+        self._warned = False
+
+    def prepare(self, tokens: list[int]) -> None:
+        """Advance past the tokens chosen since the last call and compute the next mask (host
+        work, done while the device runs the forward pass)."""
+        start = self.num_prompt + self.num_consumed
+        if len(tokens) > start:
+            for token in tokens[start:]:
+                if not self.matcher.consume_token(token) and not self._warned:
+                    self._warned = True  # its mask is then EOS only: the request ends
+                    log.warning("grammar rejected token %d: %s", token,
+                                self.matcher.get_error()[:MAX_REASON_CHARS])
+            self.num_consumed = len(tokens) - self.num_prompt
+            self._allowed = None
+        if self._allowed is None:
+            self._allowed = self.allowed_now()
+
+    def allowed_now(self) -> np.ndarray:
+        """The bool mask (vocab_size,) of tokens allowed at the matcher's current state."""
+        packed = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        bits = np.unpackbits(packed, bitorder="little")[:self.vocab_size]
+        return bits.view(np.bool_)
+
+    @property
+    def is_complete(self) -> bool:
+        """True when only EOS can follow (the grammar is satisfied and cannot grow)."""
+        return self.matcher.is_stopped()
+
+    def __call__(self, tokens: list[int], row: Any) -> Any:
+        import mlx.core as mx  # here only, so the host-side logic needs no MLX
+
+        self.prepare(tokens)
+        return mx.where(mx.array(self._allowed), row, float("-inf"))
+
+
+_COMPILERS: "weakref.WeakKeyDictionary[Any, GrammarCompiler]" = weakref.WeakKeyDictionary()
+_COMPILERS_LOCK = threading.Lock()
+
+
+def compiler_for(tokenizer: Any, vocab_size: int) -> GrammarCompiler:
+    """The cached compiler for an mlx-lm TokenizerWrapper (built on first use)."""
+    with _COMPILERS_LOCK:
+        compiler = _COMPILERS.get(tokenizer)
+        if compiler is None:
+            hf = getattr(tokenizer, "_tokenizer", tokenizer)
+            backend = getattr(hf, "backend_tokenizer", None)
+            if backend is None:
+                raise InvalidRequest("structured output needs a fast (tokenizers) tokenizer")
+            compiler = GrammarCompiler.from_hf(backend, vocab_size, list(tokenizer.eos_token_ids))
+            _COMPILERS[tokenizer] = compiler
+        return compiler
+
+
+def make_grammar(tokenizer: Any, vocab_size: int, fmt: Any, num_prompt: int) -> GrammarProcessor:
+    """Compile `fmt` for a request whose prompt has `num_prompt` tokens, with its first mask
+    ready. Blocking (milliseconds; about 1 s the first time per model): call it off the event
+    loop. Raises InvalidRequest for a format that does not compile."""
+    processor = GrammarProcessor(compiler_for(tokenizer, vocab_size).matcher(fmt), num_prompt,
+                                 vocab_size)
+    processor.prepare([])
+    return processor

@@ -1,0 +1,177 @@
+"""Grammar compilation and the per-request mask logic, on the real Qwen3 tokenizer; no model and
+no MLX (the processor's host side: `prepare` and its mask)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+import tokenizers
+
+from runner.grammar import GrammarCompiler, GrammarProcessor, compiler_for, grammar_text
+from shared.assets import write_qwen3_tokenizer
+from shared.errors import InvalidRequest
+
+VOCAB = 151680  # the Qwen3 models' logits width (the tokenizer has 151,669 tokens)
+EOS = (151643, 151645)
+PROMPT = [9707, 11, 1879, 0, 151644, 77091]  # any ids: the matcher never sees the prompt
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "role": {"enum": ["admin", "user"]},
+        "tags": {"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+    },
+    "required": ["name", "role", "tags"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory) -> tokenizers.Tokenizer:
+    path = tmp_path_factory.mktemp("qwen3")
+    write_qwen3_tokenizer(path)
+    return tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def compiler(backend) -> GrammarCompiler:
+    return GrammarCompiler.from_hf(backend, VOCAB, list(EOS))
+
+
+def encode(backend, text: str) -> list[int]:
+    return backend.encode(text, add_special_tokens=False).ids
+
+
+def walk(processor: GrammarProcessor, tokens: list[int]) -> list[np.ndarray]:
+    """Feed `tokens` one by one as the engine does; returns the mask seen before each token."""
+    masks = []
+    for i in range(len(tokens) + 1):
+        processor.prepare(PROMPT + tokens[:i])
+        masks.append(processor.allowed_now())
+    return masks
+
+
+def test_a_valid_document_is_allowed_token_by_token_then_only_eos(compiler, backend):
+    doc = json.dumps({"name": "Ada", "role": "admin", "tags": [1, 22]}, separators=(",", ":"))
+    tokens = encode(backend, doc)
+    processor = GrammarProcessor(compiler.matcher(SCHEMA), len(PROMPT), VOCAB)
+    masks = walk(processor, tokens)
+    for token, mask in zip(tokens, masks):
+        assert mask.shape == (VOCAB,) and mask[token]
+        assert not mask[list(EOS)].any(), "EOS only once the object is complete"
+    assert processor.is_complete and processor.num_consumed == len(tokens)
+    assert sorted(np.nonzero(masks[-1])[0].tolist()) == list(EOS)
+
+
+def test_disallowed_tokens_are_masked(compiler, backend):
+    processor = GrammarProcessor(compiler.matcher(SCHEMA), len(PROMPT), VOCAB)
+    walk(processor, encode(backend, '{"name":"x","role":"'))
+    allowed = np.nonzero(processor.allowed_now())[0].tolist()
+    texts = {backend.decode([t]) for t in allowed}
+    assert texts and all("admin".startswith(t) or "user".startswith(t) or
+                          t.startswith(("admin", "user")) for t in texts), texts
+    assert backend.encode("guest", add_special_tokens=False).ids[0] not in allowed
+    assert not any(t >= 151669 for t in allowed), "rows past the tokenizer stay masked"
+
+
+def test_repeated_history_is_not_consumed_twice(compiler, backend):
+    """A preempted sequence is recomputed with the same history: the state must not move."""
+    tokens = encode(backend, '{"name":"ab')
+    processor = GrammarProcessor(compiler.matcher(SCHEMA), len(PROMPT), VOCAB)
+    walk(processor, tokens)
+    before = processor.allowed_now().copy()
+    processor.prepare(PROMPT + tokens)
+    processor.prepare(PROMPT + tokens)
+    assert processor.num_consumed == len(tokens)
+    assert np.array_equal(processor.allowed_now(), before)
+
+
+def test_several_new_tokens_at_once_are_all_consumed(compiler, backend):
+    tokens = encode(backend, '{"name":"ab","role":"user","tags":[]}')
+    processor = GrammarProcessor(compiler.matcher(SCHEMA), len(PROMPT), VOCAB)
+    processor.prepare(PROMPT + tokens)
+    assert processor.is_complete and processor.num_consumed == len(tokens)
+
+
+def test_a_rejected_token_leaves_only_eos(compiler, backend):
+    processor = GrammarProcessor(compiler.matcher(SCHEMA), len(PROMPT), VOCAB)
+    processor.prepare(PROMPT + encode(backend, "hello"))
+    assert sorted(np.nonzero(processor.allowed_now())[0].tolist()) == list(EOS)
+
+
+def test_any_json_object_and_bounded_whitespace(compiler, backend):
+    processor = GrammarProcessor(compiler.matcher("json"), len(PROMPT), VOCAB)
+    first = np.nonzero(walk(processor, [])[0])[0]
+    assert all(backend.decode([t]).startswith("{") for t in first)
+    walk(processor, encode(backend, "{\n" + " " * 32))
+    allowed = np.nonzero(processor.allowed_now())[0]
+    assert not any(backend.decode([t]).startswith((" ", "\t", "\n")) for t in allowed), \
+        "at most one line break and 32 columns of indentation per gap"
+    walk(processor, encode(backend, '{\n  "a": [1, {"b": null}],\n  "c": "d"\n}'))
+    assert processor.is_complete
+
+
+def test_regex_allows_eos_when_accepting_and_forces_it_when_complete(compiler, backend):
+    processor = GrammarProcessor(compiler.matcher({"type": "regex", "pattern": "[a-z]{2,3}"}),
+                                 len(PROMPT), VOCAB)
+    walk(processor, encode(backend, "ab"))
+    mask = processor.allowed_now()
+    assert mask[list(EOS)].all() and mask.sum() > len(EOS)
+    processor = GrammarProcessor(compiler.matcher({"type": "regex", "pattern": "[a-z]{2,3}"}),
+                                 len(PROMPT), VOCAB)
+    walk(processor, encode(backend, "abc"))
+    assert processor.is_complete
+    assert sorted(np.nonzero(processor.allowed_now())[0].tolist()) == list(EOS)
+
+
+@pytest.mark.parametrize("fmt, reason", [
+    ({"type": "foo"}, "Invalid type: foo"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "does not exist"),
+    ({"type": "array", "uniqueItems": True}, "Unimplemented keys"),
+    ({"type": "string", "minLength": 5, "maxLength": 2}, "Unsatisfiable"),
+    ({"type": "regex", "pattern": "(abc"}, "unclosed group"),
+])
+def test_formats_that_do_not_compile_give_the_engines_reason(compiler, fmt, reason):
+    with pytest.raises(InvalidRequest) as err:
+        compiler.matcher(fmt)
+    assert err.value.status == 400 and reason in err.value.message
+
+
+@pytest.mark.parametrize("fmt", ["yaml", 3, [], {"type": "regex"}, {"type": "regex", "pattern": ""}])
+def test_malformed_formats_are_invalid_requests(fmt):
+    with pytest.raises(InvalidRequest):
+        grammar_text(fmt)
+
+
+def test_compiled_grammars_are_cached_and_copied(compiler, backend):
+    fmt = {"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]}
+    first, second = compiler.matcher(fmt), compiler.matcher(fmt)
+    assert first is not second and grammar_text(fmt) in compiler._cache
+    a = GrammarProcessor(first, 0, VOCAB)
+    walk(a, encode(backend, '{"k":1}'))
+    b = GrammarProcessor(second, 0, VOCAB)
+    assert a.is_complete and not b.is_complete, "requests do not share matcher state"
+
+
+def test_compiler_is_built_once_per_tokenizer(backend):
+    class Hf:  # the shape of mlx-lm's TokenizerWrapper around a fast HF tokenizer
+        backend_tokenizer = backend
+
+    class Wrapper:
+        _tokenizer = Hf()
+        eos_token_ids = {151645, 151643}
+
+    wrapper = Wrapper()
+    built: list[GrammarCompiler] = []
+    threads = [threading.Thread(target=lambda: built.append(compiler_for(wrapper, VOCAB)))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(built) == 3 and all(c is built[0] for c in built)
+    assert built[0].eos_ids == EOS
