@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
 import queue
 import threading
 import time
@@ -109,12 +110,26 @@ class Engine:
         self.state = "ready"
         self.progress = 1.0
         self.ready.set()
-        while not self._stopping:
-            self._drain(block=not self.scheduler.has_work)
-            if self._stopping:
-                break
-            if self.model_step is not None:  # None: an encoder, served by Engine.call only
-                self._step()
+        try:
+            while not self._stopping:
+                self._drain(block=not self.scheduler.has_work)
+                if self._stopping:
+                    break
+                if self.model_step is not None:  # None: an encoder, served by Engine.call only
+                    self._step()
+        except BaseException as exc:  # a bug in the loop itself: never leave clients hanging
+            log.exception("engine loop failed; exiting so the supervisor restarts the runner")
+            self._fail_everything(f"runner engine failed: {exc}")
+            time.sleep(0.5)  # let the event loop write the error lines
+            os._exit(70)
+
+    def _fail_everything(self, message: str) -> None:
+        sched = self.scheduler
+        seqs = list(sched.waiting) + list(sched.running)
+        if sched.prefilling is not None:
+            seqs.append(sched.prefilling)
+        self._deliver([(s.sink, error_line(message, 500)) for s in seqs if s.sink])
+        self.state, self.error = "error", message
 
     def _load(self) -> None:
         from mlx_lm.utils import load

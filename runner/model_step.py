@@ -8,6 +8,11 @@ Invariants:
   chunk runs; then that cache is merged into the batch cache.
 - The prefix cache receives a sequence's KV state when its prompt is done and when it leaves
   the batch, for exactly the tokens that state covers.
+- Decode runs one step ahead when it can: after a pure decode step, the next step's forward
+  pass is queued on the device (from the still-lazy sampled tokens) before the host reads this
+  step's tokens, so host work overlaps device work. The step ahead has already appended one
+  position to the batch cache: it is always either consumed (for the rows still running) or
+  trimmed away, never recomputed on top.
 """
 
 from __future__ import annotations
@@ -56,6 +61,12 @@ def split_model(model) -> SplitModel:
     return SplitModel(None, None)
 
 
+@dataclass(slots=True)
+class _Ahead:
+    rows: list[Sequence]
+    out: SampleOutput
+
+
 class ModelStep:
     def __init__(self, model, prefix_cache: PrefixCache | None, detok_top):
         self.model = model
@@ -65,6 +76,7 @@ class ModelStep:
         self.rows: list[Sequence] = []
         self.batch: list[Any] | None = None
         self.prefills: dict[int, list[Any]] = {}
+        self._ahead: _Ahead | None = None
         self.supports_prefix = all(isinstance(c, KVCache) for c in make_prompt_cache(model))
 
     # -- cache bookkeeping -------------------------------------------------------------
@@ -100,14 +112,14 @@ class ModelStep:
         keep = [i for i in range(len(self.rows)) if i not in set(drop)]
         self.rows = [self.rows[i] for i in keep]
         if not keep:
-            self.batch = None
+            self.batch, self._ahead = None, None
         else:
             for cache in self.batch:
                 cache.filter(mx.array(keep, dtype=mx.int32))
 
     def reset(self) -> None:
         """Forget all state after a failed step (e.g. out of memory)."""
-        self.rows, self.batch, self.prefills = [], None, {}
+        self.rows, self.batch, self.prefills, self._ahead = [], None, {}, None
 
     def kv_bytes(self) -> int:
         total = sum(c.nbytes for c in self.batch) if self.batch else 0
@@ -144,10 +156,12 @@ class ModelStep:
         if plan.decode:
             assert [s.seq_id for s in plan.decode] == [s.seq_id for s in self.rows], \
                 "batch rows out of step with the scheduler"
-            inputs = mx.array([[s.output_tokens[-1]] for s in self.rows], dtype=mx.int32)
-            logits = self.model(inputs, cache=self.batch)[:, -1, :]
-            self._prepare_hooks(logits, self.rows)
-            outputs.append((self.rows, self._sample(logits, self.rows)))
+            out = self._decode()
+            outputs.append((self.rows, out))
+            if plan.prefill is None:
+                self._run_ahead(out)
+        elif self._ahead is not None:
+            self._drop_ahead()
         chunk = plan.prefill
         if chunk is not None:
             seq = chunk.seq
@@ -172,6 +186,41 @@ class ModelStep:
         if chunk is not None and chunk.is_last:
             self._merge(chunk.seq)
         return result
+
+    def _decode(self) -> SampleOutput:
+        """This step's tokens for the batch rows: from the step run ahead, or computed now."""
+        ahead = self._ahead
+        if ahead is not None:
+            index = {s.seq_id: i for i, s in enumerate(ahead.rows)}
+            if all(s.seq_id in index for s in self.rows):
+                self._ahead = None
+                pick = [index[s.seq_id] for s in self.rows]
+                return ahead.out if pick == list(range(len(ahead.rows))) else \
+                    _select(ahead.out, pick)
+            self._drop_ahead()
+        inputs = mx.array([[s.output_tokens[-1]] for s in self.rows], dtype=mx.int32)
+        logits = self.model(inputs, cache=self.batch)[:, -1, :]
+        self._prepare_hooks(logits, self.rows)
+        return self._sample(logits, self.rows)
+
+    def _run_ahead(self, out: SampleOutput) -> None:
+        """Queue the next decode step from this step's lazy tokens, when every row's sampling
+        needs nothing from the host (penalties and grammars need the token first)."""
+        if any(s.sampler.needs_processing for s in self.rows) or \
+                not all(c.is_trimmable() for c in self.batch):
+            return
+        logits = self.model(out.tokens[:, None], cache=self.batch)[:, -1, :]
+        nxt = self._sample(logits, self.rows)
+        mx.async_eval([a for a in (nxt.tokens, nxt.logprobs, nxt.top_ids, nxt.top_logprobs)
+                       if a is not None])
+        self._ahead = _Ahead(list(self.rows), nxt)
+
+    def _drop_ahead(self) -> None:
+        """Undo the position the step ahead appended to the batch cache."""
+        self._ahead = None
+        if self.batch:
+            for cache in self.batch:
+                cache.trim(1)
 
     @staticmethod
     def _prepare_hooks(logits: mx.array, seqs: list[Sequence]) -> None:
@@ -204,6 +253,13 @@ class ModelStep:
                         {"id": t, "token": self._detok_top(t), "logprob": v}
                         for t, v in zip(top_ids[i][:seq.top_logprobs], top_vals[i])]
                 result.logprobs[seq.seq_id] = entry
+
+
+def _select(out: SampleOutput, rows: list[int]) -> SampleOutput:
+    idx = mx.array(rows, dtype=mx.int32)
+    pick = lambda a: None if a is None else a[idx]  # noqa: E731
+    return SampleOutput(out.tokens[idx], pick(out.logprobs), pick(out.top_ids),
+                        pick(out.top_logprobs))
 
 
 def _cache_arrays(caches: list[Any]) -> list[mx.array]:
