@@ -14,9 +14,7 @@ from shared.errors import InvalidRequest
 from supervisor.go_template import GoTemplate
 from supervisor.prompt import GoRenderer, JinjaRenderer, renderer_for, to_hf_message
 
-QWEN3 = Path("/work/shared/tokenizers/qwen3")
-if not QWEN3.exists():  # the kit's copy; the repository vendors the same file
-    QWEN3 = Path(__file__).resolve().parents[2] / "shared" / "assets" / "qwen3"
+QWEN3 = Path(__file__).resolve().parents[2] / "shared" / "assets" / "qwen3"  # the kit's copy
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Get the weather for a city",
