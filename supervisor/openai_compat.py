@@ -18,6 +18,7 @@ from typing import Any
 
 from shared.errors import InvalidRequest
 from supervisor.service import ChatRequest, Delta, EmbedCall, Final, GenerateRequest
+from supervisor.tool_calls import ForcedCall
 
 MAX_CHOICES = 16
 MAX_PROMPTS = 64
@@ -45,6 +46,7 @@ class Common:
     logprobs: bool = False
     top_logprobs: int = 0
     format: Any = None
+    force_call: ForcedCall | None = None  # chat only: tool_choice "required" or a function
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -102,9 +104,13 @@ def parse_common(body: dict[str, Any], chat: bool) -> Common:
 
 
 def parse_response_format(body: dict[str, Any]) -> Any:
+    """`response_format` as the service's `format`; without one, Ollama's own `format` field
+    is taken as is (an extension, handy on /v1/completions). The service checks its type."""
     fmt = body.get("response_format")
     if fmt is None:
-        return None
+        return body.get("format")
+    if body.get("format") is not None:
+        raise InvalidRequest("give response_format or format, not both", param="response_format")
     if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
         raise InvalidRequest("response_format must be an object with a type",
                              param="response_format")
@@ -117,6 +123,11 @@ def parse_response_format(body: dict[str, Any]) -> Any:
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
             raise InvalidRequest("response_format.json_schema.schema must be an object",
+                                 param="response_format")
+        # `strict` needs no handling: the runner's grammar always holds the output to the
+        # whole schema, and refuses (400) a schema it could not enforce.
+        if not isinstance(spec.get("strict"), (bool, type(None))):
+            raise InvalidRequest("response_format.json_schema.strict must be a boolean",
                                  param="response_format")
         return spec["schema"]
     raise InvalidRequest(f"unknown response_format type {kind!r}", param="response_format")
@@ -140,10 +151,29 @@ def parse_chat(body: dict[str, Any]) -> tuple[Common, list[dict[str, Any]], list
     choice = body.get("tool_choice")
     if choice == "none":
         tools = []
-    elif choice not in (None, "auto") and tools:
-        raise InvalidRequest("tool_choice other than 'auto' or 'none' needs structured output, "
-                             "which this server does not support yet", param="tool_choice")
+    else:
+        common.force_call = parse_tool_choice(choice, tools)
     return common, [message_to_ollama(m) for m in raw], tools
+
+
+def parse_tool_choice(choice: Any, tools: list[dict[str, Any]]) -> ForcedCall | None:
+    """None for "auto" (the model decides); a `ForcedCall` for "required" or a named function.
+    Whether the name is one of `tools` is checked where the call's schema is built."""
+    if choice in (None, "auto"):
+        return None
+    if choice == "required":
+        forced = ForcedCall()
+    elif (isinstance(choice, dict) and choice.get("type") == "function"
+          and isinstance(choice.get("function"), dict)
+          and isinstance(choice["function"].get("name"), str)):
+        forced = ForcedCall(choice["function"]["name"])
+    else:
+        raise InvalidRequest("tool_choice must be 'none', 'auto', 'required' or "
+                             '{"type": "function", "function": {"name": ...}}',
+                             param="tool_choice")
+    if not tools:
+        raise InvalidRequest("tool_choice needs tools", param="tool_choice")
+    return forced
 
 
 def message_to_ollama(m: Any) -> dict[str, Any]:
@@ -205,7 +235,7 @@ def chat_request(common: Common, messages: list[dict[str, Any]], tools: list[dic
                  index: int) -> ChatRequest:
     return ChatRequest(model=common.model, messages=messages, tools=tools, format=common.format,
                        options=choice_options(common, index), logprobs=common.logprobs,
-                       top_logprobs=common.top_logprobs)
+                       top_logprobs=common.top_logprobs, force_call=common.force_call)
 
 
 def tool_calls_to_openai(calls: list[dict[str, Any]], start: int = 0) -> list[dict[str, Any]]:

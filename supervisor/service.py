@@ -10,6 +10,7 @@ that is raised from the iteration and becomes an error line or event.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import sys
 import time
@@ -24,7 +25,8 @@ from supervisor import memory
 from supervisor.metrics import Metrics
 from supervisor.prompt import Renderer, renderer_for
 from supervisor.runner_manager import Lease, LoadSpec, RunnerManager
-from supervisor.tool_calls import OutputParser, ThinkingParser, tool_parser_for
+from supervisor.tool_calls import (ForcedCall, ForcedCallParser, OutputParser, ThinkingParser,
+                                   forced_call_schema, tool_parser_for)
 
 log = logging.getLogger("mlxr.service")
 
@@ -37,11 +39,12 @@ class ChatRequest:
     messages: list[dict[str, Any]]  # Ollama's shape: role, content, images, tool_calls, ...
     tools: list[dict[str, Any]] = field(default_factory=list)
     think: bool | str | None = None
-    format: Any = None
+    format: Any = None  # "json" or a JSON schema object; None or "" for free text
     options: dict[str, Any] = field(default_factory=dict)
     keep_alive_s: float | None = None  # None: the server default; negative: forever
     logprobs: bool = False
     top_logprobs: int = 0
+    force_call: ForcedCall | None = None  # the reply must be a call to one of `tools`
 
 
 @dataclass(slots=True)
@@ -143,6 +146,20 @@ async def _single(event: Final) -> AsyncIterator[Delta | Final]:
 
 def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
+
+
+def wire_format(value: Any) -> Any:
+    """A request's `format` as the runner takes it: "json", a JSON schema object (the runner
+    also reads `{"type": "regex", "pattern": ...}` here), or None for free text. null and ""
+    mean none, as in Ollama, and so does `{}` (the runner reads an empty format as none).
+    Whether a schema compiles is the runner's to say (a 400)."""
+    if value is None or value == "" or value == {}:
+        return None
+    if value == "json" or isinstance(value, dict):
+        return value
+    shown = json.dumps(value)
+    shown = shown if len(shown) <= 40 else shown[:40] + "..."
+    raise InvalidRequest(f'invalid format: {shown}; expected "json" or a JSON schema object')
 
 
 def model_details(record: Any) -> dict[str, Any]:
@@ -258,26 +275,31 @@ class Service:
 
     def _prepare_chat(self, req: ChatRequest, record: Any) -> _Prepared:
         caps = self._capabilities(record)
-        self._check(req.model, caps, "chat", tools=bool(req.tools), format=req.format,
+        self._check(req.model, caps, "chat", tools=bool(req.tools),
                     images=any(m.get("images") for m in req.messages))
-        think = self._think(req.model, caps, req.think)
+        fmt = wire_format(req.format)
+        if req.force_call is not None:
+            # The reply is the call, not a message, so a response format has nothing to shape.
+            fmt = forced_call_schema(req.tools, req.force_call)
+        think = self._think(req.model, caps, req.think, constrained=fmt is not None)
         messages = list(record.messages or []) + list(req.messages)
         if record.system and req.messages[0].get("role") != "system":
             messages.insert(0, {"role": "system", "content": record.system})
         runner_dir = self.store.runner_dir(record)
         renderer = renderer_for(runner_dir, record.template, tools=bool(req.tools))
         prompt = renderer.chat(messages, req.tools or None, think)
-        return _Prepared(record, runner_dir, prompt, self._options(record, req.options),
-                         self._parser(renderer, prompt, think, tools=bool(req.tools)),
-                         format=req.format or None)
+        parser = self._parser(renderer, prompt, think, self._tool_parser(req, renderer, fmt))
+        return _Prepared(record, runner_dir, prompt, self._options(record, req.options), parser,
+                         format=fmt)
 
     def _prepare_generate(self, req: GenerateRequest, record: Any) -> _Prepared | None:
         """None for an empty prompt (a load request), after the same checks."""
         if req.raw and (req.template or req.system or req.context):
             raise InvalidRequest("raw mode does not support template, system, or context")
         caps = self._capabilities(record)
-        self._check(req.model, caps, "generate", format=req.format, images=bool(req.images))
-        think = self._think(req.model, caps, req.think)
+        self._check(req.model, caps, "generate", images=bool(req.images))
+        fmt = wire_format(req.format)
+        think = self._think(req.model, caps, req.think, constrained=fmt is not None)
         if not req.prompt:
             return None
         runner_dir = self.store.runner_dir(record)
@@ -298,9 +320,9 @@ class Service:
             messages.append({"role": "user", "content": req.prompt})
             prompt, add_special = renderer.chat(messages, None, think), renderer.add_special
         return _Prepared(record, runner_dir, prompt, self._options(record, req.options),
-                         self._parser(renderer, prompt, think and not req.raw, tools=False),
+                         self._parser(renderer, prompt, think and not req.raw),
                          add_special=add_special, context=list(req.context or []),
-                         want_context=not req.raw, format=req.format or None)
+                         want_context=not req.raw, format=fmt)
 
     # -- the request path ----------------------------------------------------------------
 
@@ -421,34 +443,46 @@ class Service:
 
     @staticmethod
     def _check(model: str, caps: list[str], verb: str, *, tools: bool = False,
-               format: Any = None, images: bool = False) -> None:
+               images: bool = False) -> None:
         if "completion" not in caps:
             raise InvalidRequest(f'"{model}" does not support {verb}')
         if tools and "tools" not in caps:
             raise InvalidRequest(f'"{model}" does not support tools')
         if images and "vision" not in caps:
             raise InvalidRequest(f'"{model}" does not support images')
-        if format not in (None, "", {}):
-            # Structured output needs constrained decoding in the runner; until it has that,
-            # say so rather than return unconstrained text. `_start` already forwards
-            # `format` in the CompletionRequest: removing this check is all it will take.
-            raise InvalidRequest("format is not supported yet")
 
     @staticmethod
-    def _think(model: str, caps: list[str], think: bool | str | None) -> bool | None:
-        """Ollama's rule: thinking models think unless told not to; others refuse `think`."""
+    def _think(model: str, caps: list[str], think: bool | str | None,
+               constrained: bool = False) -> bool | None:
+        """Ollama's rule: thinking models think unless told not to; others refuse `think`.
+
+        A constrained request (a `format`, a forced tool call) never thinks: the runner's
+        grammar applies from the first generated token, so a thinking block could not be
+        written before the document. The prompt is rendered with thinking off, and an explicit
+        `think: true` with a format is served the same way rather than refused, so clients
+        that always send `think` keep working; the reply then has no `thinking`."""
         if isinstance(think, str):
             think = think.lower() not in ("", "false", "none")
         if "thinking" in caps:
-            return True if think is None else bool(think)
+            return False if constrained else True if think is None else bool(think)
         if think:
             raise InvalidRequest(f'"{model}" does not support thinking')
         return think
 
     @staticmethod
-    def _parser(renderer: Renderer, prompt: str, think: bool | None, tools: bool) -> OutputParser:
+    def _tool_parser(req: ChatRequest, renderer: Renderer, fmt: Any) -> Any:
+        if req.force_call is not None:
+            return ForcedCallParser()
+        if req.tools and fmt is None:  # a format's output is the reply itself, never a call
+            return tool_parser_for(renderer.source)
+        return None
+
+    @staticmethod
+    def _parser(renderer: Renderer, prompt: str, think: bool | None,
+                tools: Any = None) -> OutputParser:
+        """`tools`: the tool-call parser for this request, if its output may hold calls."""
         thinking = None
         if think and renderer.thinking_tags:
             opened = prompt.rstrip().endswith(renderer.thinking_tags[0])
             thinking = ThinkingParser(renderer.thinking_tags, in_thinking=opened)
-        return OutputParser(thinking, tool_parser_for(renderer.source) if tools else None)
+        return OutputParser(thinking, tools)

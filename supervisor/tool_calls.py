@@ -2,7 +2,8 @@
 
 Both take text as it streams (`feed`) and hold back only what could still be the start of a
 tag, so content reaches the client as soon as it is known not to be part of one. `finish()`
-flushes what is left at the end of the stream.
+flushes what is left at the end of the stream. At the end: the schema that forces a tool call
+through the runner's grammar, and the parser that reads such a call back.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 import json
 import secrets
 import string
+from dataclasses import dataclass
 from typing import Any
+
+from shared.errors import InvalidRequest
 
 THINK_TAGS = ("<think>", "</think>")
 TOOL_TAGS = ("<tool_call>", "</tool_call>")
@@ -221,3 +225,110 @@ class OutputParser:
             rest, more = self.tools.finish()
             content, calls = content + rest, calls + more
         return thinking, content, calls
+
+
+# -- forced tool calls ---------------------------------------------------------------------------
+# OpenAI's tool_choice "required" or a named function. The model is held to a JSON schema of
+# `{"name": ..., "arguments": ...}` by the runner's grammar (the same `format` path as structured
+# output), and its output is read back as one tool call. The output has no tool-call tags: the
+# grammar applies from the first token, so the template's own call syntax is not used.
+
+@dataclass(slots=True, frozen=True)
+class ForcedCall:
+    """The reply must be a tool call: to the tool named `name`, or to any of the tools."""
+
+    name: str | None = None
+
+
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {},
+                                 "additionalProperties": False}
+
+
+def forced_call_schema(tools: list[dict[str, Any]], forced: ForcedCall) -> dict[str, Any]:
+    """The JSON schema of a call to one of `tools` (Ollama/OpenAI tool objects), or to the one
+    `forced` names; for several tools an `anyOf`, so the arguments match the chosen name."""
+    functions = [t.get("function") for t in tools if isinstance(t, dict)]
+    functions = [f for f in functions if isinstance(f, dict) and isinstance(f.get("name"), str)]
+    if forced.name is not None:
+        functions = [f for f in functions if f["name"] == forced.name]
+        if not functions:
+            raise InvalidRequest(f"tool_choice names the function {forced.name!r}, "
+                                 "which is not in tools", param="tool_choice")
+    if not functions:
+        raise InvalidRequest("tool_choice needs at least one function in tools",
+                             param="tool_choice")
+    alternatives = [_call_schema(f) for f in functions]
+    return alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+
+
+def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
+    # A function without parameters takes none (OpenAI's rule), so its arguments are `{}`.
+    parameters = function.get("parameters") or NO_PARAMETERS
+    if not isinstance(parameters, dict):
+        raise InvalidRequest(f"the parameters of {function['name']!r} must be a JSON schema "
+                             "object", param="tools")
+    return {"type": "object",
+            "properties": {"name": {"const": function["name"]}, "arguments": parameters},
+            "required": ["name", "arguments"], "additionalProperties": False}
+
+
+class ForcedCallParser:
+    """Reads output held to `forced_call_schema` as one tool call, given as soon as the JSON
+    object closes (so a stream carries it before its final chunk). Output that stops before
+    the object closes (num_predict, a stop string) comes back whole as content from
+    `finish()`, and there is no call."""
+
+    def __init__(self) -> None:
+        self._buf: list[str] = []
+        self._scan = _JsonEnd()
+        self._done = False
+
+    def feed(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        if self._done:  # the grammar allows only EOS after the object; keep anything else
+            return text.strip() and text, []
+        end = self._scan.feed(text)
+        if end < 0:
+            self._buf.append(text)
+            return "", []
+        self._buf.append(text[:end])
+        self._done = True
+        body, rest = "".join(self._buf), text[end:]
+        self._buf = []
+        call = parse_tool_call(body)
+        if call is None:  # not a call after all (a hand-made format): give the text back
+            return body + rest, []
+        return rest.strip() and rest, [call]
+
+    def finish(self) -> tuple[str, list[dict[str, Any]]]:
+        buf, self._buf = "".join(self._buf), []
+        return buf, []
+
+
+class _JsonEnd:
+    """Finds where the first top-level JSON object or array in a stream of text closes."""
+
+    __slots__ = ("depth", "in_string", "escaped")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = self.escaped = False
+
+    def feed(self, text: str) -> int:
+        """The index in `text` just past the closing bracket, or -1 if not closed yet."""
+        for i, ch in enumerate(text):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        return -1

@@ -134,7 +134,6 @@ def test_errors_have_ollama_shapes(server, client):
         big = http.post("/api/generate", content=b'{"model": "' + b"x" * (2 << 20) + b'"}')
         assert big.status_code == 413
     for kwargs, message in (
-            ({"format": "json"}, "format is not supported yet"),
             ({"images": [b"\x89PNG fake"]}, '"tiny" does not support images'),
             ({"keep_alive": "soon"}, 'invalid duration "soon"')):
         with pytest.raises(ollama.ResponseError) as info:
@@ -145,8 +144,11 @@ def test_errors_have_ollama_shapes(server, client):
     assert info.value.status_code == 400 and "exceeds the context length" in info.value.error
     for endpoint in ("embed", "embeddings"):
         with pytest.raises(ollama.ResponseError) as info:
-            getattr(client, endpoint)("tiny", "hello")
-        assert info.value.error == '"tiny" does not support embeddings'
+            getattr(client, endpoint)("nope", "hello")
+        assert info.value.status_code == 404
+    with pytest.raises(ollama.ResponseError) as info:
+        client.embed(model="tiny", input="hello", truncate=False, dimensions=10_000)
+    assert info.value.status_code == 400 and "dimensions" in info.value.error
 
 
 def test_64_concurrent_chat_streams(server):
