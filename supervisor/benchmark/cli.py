@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests per level (default: 2 x concurrency, at least 4)")
     p.add_argument("--sampling", default="greedy", choices=["greedy", "ollama"])
     p.add_argument("--against", default="", help="peer to run in the same run: mlx_lm")
-    p.add_argument("--direct", action="store_true", help="drive the runner itself")
+    p.add_argument("--direct", action="store_true",
+                   help="also drive a runner directly, bypassing the supervisor")
     p.add_argument("--scenarios", default="",
                    help="comma list of extra scenarios: prefix, single, stall (or all)")
     p.add_argument("--output", default="bench-results", help="directory for JSON and PNG")
@@ -64,9 +65,14 @@ def main(argv: list[str] | None = None) -> None:
     procs: list[peers.Process] = []
     targets = []
     try:
-        runner = peers.start_runner(model_dir, work, num_parallel=max(levels + [16]))
-        procs.append(runner)
-        targets.append(RunnerTarget("mlxr-runner", runner.url))
+        parallel = max(levels + [16])
+        server = peers.start_supervisor(model_dir, work, parallel)
+        procs.append(server)
+        targets.append(OpenAITarget("mlxr", server.url, server.extra["model"]))
+        if args.direct:
+            runner = peers.start_runner(model_dir, work, num_parallel=parallel)
+            procs.append(runner)
+            targets.append(RunnerTarget("mlxr-runner", runner.url))
         if args.against == "mlx_lm":
             peer = peers.start_mlx_lm_server(model_dir, work)
             procs.append(peer)
@@ -137,20 +143,20 @@ def machine() -> dict:
 
 
 def print_table(results: dict, names: list[str]) -> None:
-    ours, peer = names[0], names[1] if len(names) > 1 else None
-    print(f"\n| concurrency | {ours} tok/s | " + (f"{peer} tok/s | ratio | " if peer else "")
-          + f"{ours} TTFT p99 ms | " + (f"{peer} TTFT p99 ms | ratio |" if peer else ""))
-    print("|---" * (7 if peer else 3) + "|")
-    for level, mine in results[ours].items():
-        row = f"| {level} | {mine['output_tok_s']:.1f} | "
-        if peer:
-            other = results[peer][level]
-            row += f"{other['output_tok_s']:.1f} | {mine['output_tok_s'] / other['output_tok_s']:.2f}x | "
-        row += f"{mine['ttft_s']['p99'] * 1000:.0f} | "
-        if peer:
-            row += (f"{other['ttft_s']['p99'] * 1000:.0f} | "
-                    f"{mine['ttft_s']['p99'] / other['ttft_s']['p99']:.2f}x |")
-        print(row)
+    """Markdown tables: throughput and p99 TTFT, with ours / each other server's ratio."""
+    ours, others = names[0], names[1:]
+    for title, key, scale, unit in (("output tokens/s", "output_tok_s", 1, ""),
+                                    ("TTFT p99", "ttft_s", 1000, " ms")):
+        header = f"| concurrency | {ours} |" + "".join(f" {o} | ratio |" for o in others)
+        print(f"\n{title}\n{header}\n" + "|---" * (2 + 2 * len(others)) + "|")
+        for level, mine in results[ours].items():
+            value = mine[key]["p99"] if key == "ttft_s" else mine[key]
+            row = f"| {level} | {value * scale:.1f}{unit} |"
+            for other in others:
+                theirs = results[other][level]
+                theirs = theirs[key]["p99"] if key == "ttft_s" else theirs[key]
+                row += f" {theirs * scale:.1f}{unit} | {value / theirs:.2f}x |"
+            print(row)
 
 
 def plot(results: dict, names: list[str], path: Path) -> None:

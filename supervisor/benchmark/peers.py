@@ -99,3 +99,23 @@ def start_mlx_lm_server(model_dir: Path, workdir: Path) -> Process:
     wait_until(p, "/v1/models", lambda r: True)
     p.extra["model"] = str(model_dir)
     return p
+
+
+def start_supervisor(model_dir: Path, workdir: Path, num_parallel: int,
+                     model: str = "bench") -> Process:
+    """`mlxr serve` on a free port with its own store, the model imported as `model` and
+    loaded."""
+    port = free_port()
+    env = child_env(MLXR_HOST=f"127.0.0.1:{port}", MLXR_MODELS=str(workdir / "models"),
+                    MLXR_NUM_PARALLEL=str(num_parallel), MLXR_KEEP_ALIVE="-1")
+    p = _spawn("mlxr-serve", [sys.executable, "-m", "supervisor.cli", "serve"],
+               f"http://127.0.0.1:{port}", env, workdir)
+    wait_until(p, "/", lambda r: True)
+    with httpx.Client(base_url=p.url, timeout=600, trust_env=False) as http:
+        lines = http.post("/api/create", json={"model": model, "from": str(model_dir)}).text
+        if '"success"' not in lines:
+            p.stop()
+            raise RuntimeError(f"could not import the model into mlxr serve: {lines[-500:]}")
+        http.post("/api/generate", json={"model": model, "keep_alive": -1}).raise_for_status()
+    p.extra["model"] = model
+    return p
