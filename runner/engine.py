@@ -125,9 +125,7 @@ class Engine:
 
     def _fail_everything(self, message: str) -> None:
         sched = self.scheduler
-        seqs = list(sched.waiting) + list(sched.running)
-        if sched.prefilling is not None:
-            seqs.append(sched.prefilling)
+        seqs = list(sched.waiting) + sched.running + sched.prefilling
         self._deliver([(s.sink, error_line(message, 500)) for s in seqs if s.sink])
         self.state, self.error = "error", message
 
@@ -197,16 +195,16 @@ class Engine:
 
     def _step(self) -> None:
         plan = self.scheduler.schedule()
-        if plan.prefill is not None and plan.prefill.start == plan.prefill.seq.num_cached \
-                and not plan.prefill.seq.t_prefill_start_ns:
-            plan.prefill.seq.t_prefill_start_ns = time.perf_counter_ns()
+        for chunk in plan.prefills:
+            if not chunk.seq.t_prefill_start_ns:
+                chunk.seq.t_prefill_start_ns = time.perf_counter_ns()
         started = time.perf_counter()
         try:
             result = self.model_step.run(plan)
             self.scheduler.observe(plan, time.perf_counter() - started)
         except Exception as exc:  # out of memory, or a bug: fail this step's requests only
             log.exception("engine step failed")
-            involved = list(plan.decode) + ([plan.prefill.seq] if plan.prefill else [])
+            involved = list(plan.decode) + [c.seq for c in plan.prefills]
             result = StepResult(failed={s.seq_id: f"inference failed: {exc}" for s in involved})
             self.model_step.reset()
             for seq in list(self.scheduler.running):

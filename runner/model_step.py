@@ -158,14 +158,15 @@ class ModelStep:
                 "batch rows out of step with the scheduler"
             out = self._decode()
             outputs.append((self.rows, out))
-            if plan.prefill is None:
+            if not plan.prefills:
                 self._run_ahead(out)
         elif self._ahead is not None:
             self._drop_ahead()
-        chunk = plan.prefill
-        if chunk is not None:
+        touched: list[Any] = []
+        for chunk in plan.prefills:
             seq = chunk.seq
             caches = self.prefills[seq.seq_id]
+            touched += caches
             inputs = mx.array([seq.all_tokens[chunk.start:chunk.end]], dtype=mx.int32)
             if chunk.is_last:
                 if self.split.body is not None:
@@ -178,13 +179,12 @@ class ModelStep:
                 self.split.body(inputs, cache=caches)
             else:
                 self.model(inputs, cache=caches)
-            mx.eval(_cache_arrays(caches) + [o.tokens for _, o in outputs])
-        elif outputs:
-            mx.eval([o.tokens for _, o in outputs])
+        mx.eval(_cache_arrays(touched) + [o.tokens for _, o in outputs])
         for seqs, out in outputs:
             self._collect(seqs, out, result)
-        if chunk is not None and chunk.is_last:
-            self._merge(chunk.seq)
+        for chunk in plan.prefills:
+            if chunk.is_last:
+                self._merge(chunk.seq)
         return result
 
     def _decode(self) -> SampleOutput:

@@ -4,10 +4,12 @@ Invariants:
 - A sequence is in exactly one of `waiting`, `prefilling`, `running`, or nowhere (finished).
 - `running` sequences have their whole context but the last token in the batch KV cache
   (`num_computed == num_tokens - 1`); each step feeds them that last token.
-- At most one sequence prefills at a time, one chunk per step, so running streams keep flowing.
-- A step's token count (decode tokens + prefill chunk) stays within `step_token_budget`, except
-  that a prefill chunk never shrinks below `min_prefill_chunk` (no starvation).
-- While streams decode, a prefill chunk is also sized by time: it may add at most
+- Each step has one prefill allowance of prompt tokens, shared by the prefilling sequences in
+  the order they were admitted (one chunk each); a sequence is admitted only while the
+  allowance is not used up, so short prompts that arrive together start together.
+- The allowance keeps a step's tokens (decode tokens + prefill chunks) within
+  `step_token_budget`, but never shrinks below `min_prefill_chunk` (no starvation).
+- While streams decode, the allowance is also sized by time: prefill may add at most
   `stall_factor` decode-step times to a step (from measured step times), so running streams
   see their inter-token interval grow by at most that factor while a long prompt is read.
 - KV tokens held (running + prefilling) stay within `kv_token_budget`: admission waits, and a
@@ -39,11 +41,11 @@ class PrefillChunk:
 class StepPlan:
     release: list[Sequence] = field(default_factory=list)
     decode: list[Sequence] = field(default_factory=list)
-    prefill: PrefillChunk | None = None
+    prefills: list[PrefillChunk] = field(default_factory=list)
 
     @property
     def has_compute(self) -> bool:
-        return bool(self.decode) or self.prefill is not None
+        return bool(self.decode or self.prefills)
 
 
 @dataclass(slots=True)
@@ -60,7 +62,7 @@ class StepResult:
 class SchedulerConfig:
     max_running: int = 16
     prefill_chunk: int = 512
-    min_prefill_chunk: int = 32
+    min_prefill_chunk: int = 16
     step_token_budget: int = 2048
     kv_token_budget: int = 1 << 20
     stall_factor: float = 0.75
@@ -99,10 +101,10 @@ class Scheduler:
         """`admit(seq)` prepares a sequence's cache (prefix-cache lookup) and returns how many of
         its tokens are already computed."""
         self.config = config
-        self._admit = admit
+        self._admit_fn = admit
         self._eos = eos_token_ids
         self.waiting: deque[Sequence] = deque()
-        self.prefilling: Sequence | None = None
+        self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
         self._release: list[Sequence] = []
         self.timer = StepTimer()
@@ -122,15 +124,15 @@ class Scheduler:
         seq.error = error
         if seq in self.waiting:
             self.waiting.remove(seq)
-        elif seq is self.prefilling:
-            self.prefilling = None
+        elif seq in self.prefilling:
+            self.prefilling.remove(seq)
         elif seq in self.running:
             self.running.remove(seq)
         self._release.append(seq)
 
     @property
     def num_active(self) -> int:
-        return len(self.running) + (self.prefilling is not None)
+        return len(self.running) + len(self.prefilling)
 
     @property
     def num_waiting(self) -> int:
@@ -144,37 +146,37 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         self._reap_cancelled()
         preempted = self._preempt_if_needed()
-        if self.prefilling is None and not preempted:
-            self._admit_next()
         plan = StepPlan(release=self._release, decode=list(self.running))
         self._release = []
-        if self.prefilling is not None:
-            seq = self.prefilling
-            size = min(self.config.prefill_chunk, self.config.step_token_budget - len(plan.decode))
-            if plan.decode:
-                timed = self.timer.chunk_for(self.config.stall_factor * (self.timer.decode_s or 0))
-                if timed is not None:
-                    size = min(size, timed)
-            size = max(size, self.config.min_prefill_chunk)
-            plan.prefill = PrefillChunk(seq, seq.num_computed,
-                                        min(seq.num_computed + size, seq.num_tokens))
+        allowance = self._prefill_allowance(len(plan.decode))
+        if not preempted:
+            self._admit(allowance)
+        for seq in self.prefilling:
+            if allowance <= 0:
+                break
+            end = min(seq.num_computed + allowance, seq.num_tokens)
+            plan.prefills.append(PrefillChunk(seq, seq.num_computed, end))
+            allowance -= end - seq.num_computed
         return plan
+
+    def _prefill_allowance(self, num_decode: int) -> int:
+        size = min(self.config.prefill_chunk, self.config.step_token_budget - num_decode)
+        if num_decode:
+            timed = self.timer.chunk_for(self.config.stall_factor * (self.timer.decode_s or 0))
+            if timed is not None:
+                size = min(size, timed)
+        return max(size, self.config.min_prefill_chunk)
 
     def _reap_cancelled(self) -> None:
         for seq in [s for s in self._all_active() if s.cancelled]:
             self.finish(seq, SeqStatus.FINISHED_CANCELLED)
 
     def _all_active(self) -> list[Sequence]:
-        active = list(self.waiting) + list(self.running)
-        if self.prefilling is not None:
-            active.append(self.prefilling)
-        return active
+        return list(self.waiting) + self.running + self.prefilling
 
     def _kv_tokens(self) -> int:
-        held = sum(s.num_tokens for s in self.running)
-        if self.prefilling is not None:
-            held += self.prefilling.num_tokens
-        return held
+        return sum(s.num_tokens for s in self.running) + \
+            sum(s.num_tokens for s in self.prefilling)
 
     def _preempt_if_needed(self) -> bool:
         # Each running sequence grows by one token this step.
@@ -189,25 +191,27 @@ class Scheduler:
             preempted = True
         return preempted
 
-    def _admit_next(self) -> None:
-        while self.waiting and len(self.running) < self.config.max_running:
+    def _admit(self, allowance: int) -> None:
+        pending = sum(s.num_tokens - s.num_computed for s in self.prefilling)
+        while self.waiting and pending < allowance and \
+                self.num_active < self.config.max_running:
             seq = self.waiting[0]
-            if self.running and \
+            if self.num_active and \
                     self._kv_tokens() + seq.num_tokens > self.config.kv_token_budget:
                 return
             self.waiting.popleft()
-            seq.num_computed = self._admit(seq)
+            seq.num_computed = self._admit_fn(seq)
             assert 0 <= seq.num_computed < seq.num_tokens, "a prefix hit must leave a token"
             seq.num_cached = seq.num_computed
             seq.status = SeqStatus.PREFILLING
-            self.prefilling = seq
-            return
+            self.prefilling.append(seq)
+            pending += seq.num_tokens - seq.num_computed
 
     # -- results -----------------------------------------------------------------------
     def observe(self, plan: StepPlan, elapsed_s: float) -> None:
         """The engine's measurement of how long `plan` took to run."""
-        chunk = plan.prefill
-        self.timer.observe(len(plan.decode), chunk.end - chunk.start if chunk else 0, elapsed_s)
+        self.timer.observe(len(plan.decode), sum(c.end - c.start for c in plan.prefills),
+                           elapsed_s)
 
     def update(self, plan: StepPlan, result: StepResult) -> list[Sequence]:
         """Apply a step's results; returns the sequences that received a token or failed."""
@@ -223,12 +227,13 @@ class Scheduler:
             seq.num_computed += 1
             self._append(seq, result.tokens[seq.seq_id])
             touched.append(seq)
-        chunk = plan.prefill
-        if chunk is not None and not chunk.seq.is_finished and chunk.seq is self.prefilling:
+        for chunk in plan.prefills:
             seq = chunk.seq
+            if seq.is_finished or seq not in self.prefilling:
+                continue
             seq.num_computed = chunk.end
             if chunk.is_last:
-                self.prefilling = None
+                self.prefilling.remove(seq)
                 seq.status = SeqStatus.RUNNING
                 self.running.append(seq)
                 self._append(seq, result.tokens[seq.seq_id])
@@ -237,10 +242,7 @@ class Scheduler:
 
     @staticmethod
     def _plan_seqs(plan: StepPlan) -> list[Sequence]:
-        seqs = list(plan.decode)
-        if plan.prefill is not None:
-            seqs.append(plan.prefill.seq)
-        return seqs
+        return list(plan.decode) + [c.seq for c in plan.prefills]
 
     def _append(self, seq: Sequence, token: int) -> None:
         if token in self._eos:

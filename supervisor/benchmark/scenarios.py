@@ -5,6 +5,7 @@ while a long prompt is prefilled."""
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 import statistics
 import subprocess
@@ -21,6 +22,11 @@ from supervisor.benchmark.metrics import RequestRecord
 from supervisor.benchmark.targets import Sampling
 
 
+def _fresh_seed() -> int:
+    """Prompts no earlier run left in a server's prefix cache."""
+    return random.randrange(1 << 30)
+
+
 async def _one(target, client, prompt: str, gen_tokens: int,
                sampling: Sampling = Sampling()) -> RequestRecord:
     record = RequestRecord(start_s=time.perf_counter())
@@ -33,7 +39,7 @@ async def prefix_cache(target, tokenizer, prefix_tokens: int = 1000, trials: int
     cold, warm = [], []
     async with httpx.AsyncClient(timeout=600) as client:
         for trial in range(trials):
-            prefix = make_prompts(tokenizer, 1, prefix_tokens, seed=50_000 + trial)[0]
+            prefix = make_prompts(tokenizer, 1, prefix_tokens, seed=_fresh_seed())[0]
             first = await _one(target, client, prefix + " first question?", 4)
             second = await _one(target, client, prefix + " another question here?", 4)
             cold.append(first.ttft_s)
@@ -89,8 +95,8 @@ async def prefill_stall(target, tokenizer, streams: int = 8, long_tokens: int = 
                         gen_tokens: int = 160) -> dict:
     """While `streams` decode, a `long_tokens` prompt arrives: the longest gap the running
     streams see, in units of their median inter-token interval before it arrived."""
-    prompts = make_prompts(tokenizer, streams, 32, seed=70_000)
-    long_prompt = make_prompts(tokenizer, 1, long_tokens, seed=70_001)[0]
+    prompts = make_prompts(tokenizer, streams, 32, seed=_fresh_seed())
+    long_prompt = make_prompts(tokenizer, 1, long_tokens, seed=_fresh_seed())[0]
     async with httpx.AsyncClient(timeout=600) as client:
         records = [RequestRecord(start_s=time.perf_counter()) for _ in prompts]
         tasks = [asyncio.create_task(target.stream(client, p, gen_tokens, Sampling(), r))

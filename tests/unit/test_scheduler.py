@@ -27,14 +27,20 @@ class FakeModelStep:
         result = StepResult()
         for seq in plan.decode:
             result.tokens[seq.seq_id] = token
-        if plan.prefill is not None and plan.prefill.is_last:
-            result.tokens[plan.prefill.seq.seq_id] = token
+        for chunk in plan.prefills:
+            if chunk.is_last:
+                result.tokens[chunk.seq.seq_id] = token
         return result
 
 
 def make(config=None, cached=None):
     step = FakeModelStep(cached)
     return Scheduler(config or SchedulerConfig(), step.admit, {EOS}), step
+
+
+def chunk_len(plan):
+    [chunk] = plan.prefills
+    return chunk.end - chunk.start
 
 
 def run_step(sched, step, token=7):
@@ -70,7 +76,8 @@ def test_long_prompt_is_prefilled_in_chunks_while_others_decode():
     while long.status != SeqStatus.RUNNING:
         plan, _ = run_step(sched, step)
         assert plan.decode == [short], "the running stream decodes in every step"
-        chunks.append((plan.prefill.start, plan.prefill.end))
+        [chunk] = plan.prefills
+        chunks.append((chunk.start, chunk.end))
     assert chunks == [(0, 100), (100, 200), (200, 250)]
     assert long.num_computed == 250 and long.output_tokens == [7]
     assert len(short.output_tokens) == 4
@@ -87,7 +94,7 @@ def test_step_budget_shrinks_prefill_chunk_but_not_below_minimum():
     sched.add(make_seq(100, 400))
     plan = sched.schedule()
     assert len(plan.decode) == 30
-    assert plan.prefill.end - plan.prefill.start == 16
+    assert chunk_len(plan) == 16
 
 
 def test_prefix_hit_starts_prefill_after_cached_tokens():
@@ -95,7 +102,7 @@ def test_prefix_hit_starts_prefill_after_cached_tokens():
     seq = make_seq(1, 50)
     sched.add(seq)
     plan = sched.schedule()
-    assert (plan.prefill.start, plan.prefill.end) == (40, 50)
+    assert [(c.start, c.end) for c in plan.prefills] == [(40, 50)]
     assert seq.num_cached == 40
 
 
@@ -185,7 +192,7 @@ def test_kv_budget_preempts_newest_and_requeues_it():
     # b comes back: its prefill now covers prompt and the output it had.
     produced = len(b.output_tokens)
     assert produced > 0
-    assert sched.waiting and sched.waiting[0] is b or sched.prefilling is b
+    assert sched.waiting and sched.waiting[0] is b or b in sched.prefilling
 
 
 def test_failed_sequence_finishes_with_error_others_continue():
@@ -216,12 +223,12 @@ def test_prefill_chunk_is_sized_by_measured_step_times_while_streams_decode():
     long = make_seq(2, 3000)
     sched.add(long)
     plan = sched.schedule()
-    assert plan.prefill.end - plan.prefill.start == 512, "no prefill measurement yet"
+    assert chunk_len(plan) == 512, "no prefill measurement yet"
     sched.observe(plan, 0.040 + 512 * 0.001)  # 1 ms per prompt token
     sched.update(plan, step.run(plan))
     plan = sched.schedule()
     # One decode step's time (40 ms) buys 40 prompt tokens at 1 ms each.
-    assert plan.prefill.end - plan.prefill.start == 40
+    assert chunk_len(plan) == 40
     assert plan.decode == [runner]
 
 
@@ -233,4 +240,21 @@ def test_prefill_alone_uses_the_full_chunk():
     sched.observe(plan, 0.5)
     sched.update(plan, step.run(plan))
     plan = sched.schedule()
-    assert plan.prefill.end - plan.prefill.start == 256
+    assert chunk_len(plan) == 256
+
+
+def test_short_prompts_arriving_together_prefill_in_one_step():
+    sched, step = make(SchedulerConfig(prefill_chunk=256, max_running=16))
+    seqs = [make_seq(i, 30, max_new=10) for i in range(12)]
+    for seq in seqs:
+        sched.add(seq)
+    plan = sched.schedule()
+    # 256 tokens of allowance: eight 30-token prompts whole, the ninth in part.
+    assert [(c.seq.seq_id, c.start, c.end) for c in plan.prefills] == \
+        [(i, 0, 30) for i in range(8)] + [(8, 0, 16)]
+    touched = sched.update(plan, step.run(plan))
+    assert [s.seq_id for s in sched.running] == list(range(8))
+    assert all(s.output_tokens == [7] for s in touched)
+    plan = sched.schedule()
+    assert plan.decode == seqs[:8]
+    assert [(c.seq.seq_id, c.start) for c in plan.prefills][:1] == [(8, 16)]
