@@ -9,9 +9,11 @@ Invariants:
   allowance is not used up, so short prompts that arrive together start together.
 - The allowance keeps a step's tokens (decode tokens + prefill chunks) within
   `step_token_budget`, but never shrinks below `min_prefill_chunk` (no starvation).
-- While streams decode, the allowance is also sized by time: prefill may add at most
-  `stall_factor` decode-step times to a step (from measured step times), so running streams
-  see their inter-token interval grow by at most that factor while a long prompt is read.
+- While streams decode and a long prompt (over `long_prompt_tokens` left to compute) is being
+  read, the allowance is also sized by time: prefill may add at most `stall_factor`
+  decode-step times to a step (from measured step times), so running streams see their
+  inter-token interval grow by at most that factor. Short prompts are not throttled: getting
+  them into the batch at once is what keeps throughput and time to first token up.
 - KV tokens held (running + prefilling) stay within `kv_token_budget`: admission waits, and a
   running sequence that cannot grow preempts the newest one, which is requeued for recompute.
 - Finished and cancelled sequences are handed to the model step once, in `StepPlan.release`.
@@ -66,6 +68,7 @@ class SchedulerConfig:
     step_token_budget: int = 2048
     kv_token_budget: int = 1 << 20
     stall_factor: float = 0.75
+    long_prompt_tokens: int = 512
 
 
 class StepTimer:
@@ -148,7 +151,8 @@ class Scheduler:
         preempted = self._preempt_if_needed()
         plan = StepPlan(release=self._release, decode=list(self.running))
         self._release = []
-        allowance = self._prefill_allowance(len(plan.decode))
+        throttle = bool(plan.decode) and self._long_prompt()
+        allowance = self._prefill_allowance(len(plan.decode), throttle)
         if not preempted:
             self._admit(allowance)
         for seq in self.prefilling:
@@ -159,9 +163,14 @@ class Scheduler:
             allowance -= end - seq.num_computed
         return plan
 
-    def _prefill_allowance(self, num_decode: int) -> int:
+    def _long_prompt(self) -> bool:
+        pending = self.prefilling + list(self.waiting)[:1]
+        return any(s.num_tokens - s.num_computed > self.config.long_prompt_tokens
+                   for s in pending)
+
+    def _prefill_allowance(self, num_decode: int, throttle: bool) -> int:
         size = min(self.config.prefill_chunk, self.config.step_token_budget - num_decode)
-        if num_decode:
+        if throttle:
             timed = self.timer.chunk_for(self.config.stall_factor * (self.timer.decode_s or 0))
             if timed is not None:
                 size = min(size, timed)

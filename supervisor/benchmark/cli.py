@@ -78,7 +78,10 @@ def main(argv: list[str] | None = None) -> None:
             procs.append(peer)
             targets.append(OpenAITarget("mlx_lm.server", peer.url, peer.extra["model"]))
         results = asyncio.run(sweep(targets, tokenizer, levels, args, sampling)) if levels else {}
-        extra = asyncio.run(run_scenarios(args.scenarios, targets[0], tokenizer, model_dir))
+        # Scenarios time single tokens: the runner's protocol reports every token as it is
+        # made, where the HTTP APIs only send tokens that have text.
+        exact = next((t for t in targets if isinstance(t, RunnerTarget)), targets[0])
+        extra = asyncio.run(run_scenarios(args.scenarios, exact, tokenizer, model_dir))
     finally:
         for p in procs:
             p.stop()

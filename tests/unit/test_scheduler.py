@@ -258,3 +258,17 @@ def test_short_prompts_arriving_together_prefill_in_one_step():
     plan = sched.schedule()
     assert plan.decode == seqs[:8]
     assert [(c.seq.seq_id, c.start) for c in plan.prefills][:1] == [(8, 16)]
+
+
+def test_short_prompts_are_not_throttled_while_streams_decode():
+    sched, step = make(SchedulerConfig(prefill_chunk=512, min_prefill_chunk=16,
+                                       stall_factor=1.0, long_prompt_tokens=300))
+    sched.add(make_seq(1, 4, max_new=1000))
+    run_step(sched, step)
+    for _ in range(3):
+        plan, _ = run_step(sched, step)
+        sched.observe(plan, 0.040)
+    sched.timer.prefill_token_s = 0.001  # 40 tokens fit in one decode step's time
+    sched.add(make_seq(2, 200))
+    plan = sched.schedule()
+    assert chunk_len(plan) == 200, "a short prompt goes in whole"

@@ -1,0 +1,84 @@
+"""Where a decode step's time goes, on the runner's own code paths (issue 10).
+
+Times, for one batch size, each part of a decode step separately: the forward pass; greedy
+selection; Ollama-default sampling with a full-vocabulary partition (the obvious way) and with
+the block top-k the runner uses; log-probabilities; and the host work per token (streaming
+detokenization). Run with OpenBLAS preloaded on Linux CPU:
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 \
+        .venv/bin/python scripts/profile_step.py --model ~/.cache/mlxr-bench/random-small
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load
+
+from runner.sampling import Sampler, sample
+from runner.text_stream import TextStream
+from shared.protocol import Options
+
+
+def timed(fn, repeats: int = 20) -> float:
+    mx.eval(fn())
+    start = time.perf_counter()
+    for _ in range(repeats):
+        mx.eval(fn())
+    return (time.perf_counter() - start) / repeats * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--context", type=int, default=256)
+    args = parser.parse_args()
+    model, tokenizer = load(args.model)
+    B = args.batch
+    cache = [type(c).merge([c] * 1) for c in make_prompt_cache(model)]
+    # A batch cache holding `context` tokens for every row.
+    caches = make_prompt_cache(model)
+    model(mx.array([list(range(1, args.context + 1))]), cache=caches)
+    cache = [type(c).merge([c] * B) for c in caches]
+    inputs = mx.array([[11]] * B)
+
+    def forward():
+        logits = model(inputs, cache=cache)[:, -1, :]
+        for c in cache:
+            c.trim(1)
+        return logits
+
+    logits = forward()
+    mx.eval(logits)
+    greedy = [Sampler.from_options(Options(temperature=0), 4096) for _ in range(B)]
+    ollama = [Sampler.from_options(Options(), 4096) for _ in range(B)]
+    rows = {
+        "forward pass": timed(forward),
+        "greedy: argmax": timed(lambda: sample(logits, greedy, [[]] * B, [-1] * B).tokens),
+        "sampled: full-vocabulary argpartition top-40": timed(lambda: mx.argpartition(
+            -logits, kth=39, axis=-1)[:, :40]),
+        "sampled: runner (block top-k, temperature, top-p)": timed(
+            lambda: sample(logits, ollama, [[]] * B, [-1] * B).tokens),
+        "logprobs (top 5) for every row": timed(
+            lambda: sample(logits, greedy, [[]] * B, [5] * B).top_logprobs),
+    }
+    decode = tokenizer._tokenizer._tokenizer
+    streams = [TextStream(lambda ids: decode.decode(ids, skip_special_tokens=True), ["</s>"])
+               for _ in range(B)]
+    start = time.perf_counter()
+    for step in range(50):
+        for s in streams:
+            s.push(1000 + step)
+    rows["host: detokenize + stop strings, whole batch"] = (time.perf_counter() - start) / 50 * 1000
+    print(f"batch {B}, {args.context} cached tokens per row")
+    print("| part of a decode step | ms |\n|---|---|")
+    for name, ms in rows.items():
+        print(f"| {name} | {ms:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
