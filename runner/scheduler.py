@@ -164,8 +164,10 @@ class Scheduler:
         return plan
 
     def _long_prompt(self) -> bool:
+        """Is a long prompt being read (or next in line)? Judged by the whole prompt, so its
+        last chunks stay throttled too."""
         pending = self.prefilling + list(self.waiting)[:1]
-        return any(s.num_tokens - s.num_computed > self.config.long_prompt_tokens
+        return any(s.num_tokens - s.num_cached > self.config.long_prompt_tokens
                    for s in pending)
 
     def _prefill_allowance(self, num_decode: int, throttle: bool) -> int:
