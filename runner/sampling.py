@@ -183,21 +183,22 @@ def _sample_rows(logits: mx.array, samplers: list[Sampler]) -> mx.array:
 
 
 def _add_logprobs(out: SampleOutput, logits: mx.array, want: Seq[int]) -> None:
+    """Log-probabilities of the chosen tokens and the top alternatives, for the rows that ask.
+    Only the log-normalizer touches the whole vocabulary; the rest works on k values."""
     rows = [i for i, n in enumerate(want) if n >= 0]
     idx = mx.array(rows, dtype=mx.int32)
-    sub = logits[idx]
-    logp = sub - mx.logsumexp(sub, axis=-1, keepdims=True)
-    chosen = mx.take_along_axis(logp, out.tokens[idx][:, None], axis=-1)[:, 0]
+    sub = logits[idx] if len(rows) < logits.shape[0] else logits
+    lse = mx.logsumexp(sub, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(sub, out.tokens[idx][:, None], axis=-1) - lse
     full = mx.zeros((logits.shape[0],), dtype=mx.float32)
-    full[idx] = chosen
+    full[idx] = chosen[:, 0]
     out.logprobs = full
     k = max(want)
     if k > 0:
-        top = mx.argpartition(-logp, kth=k - 1, axis=-1)[:, :k]
-        top_vals = mx.take_along_axis(logp, top, axis=-1)
+        top_vals, top = top_k_candidates(sub, k)
         order = mx.argsort(-top_vals, axis=-1)
         ids = mx.zeros((logits.shape[0], k), dtype=mx.int32)
         vals = mx.zeros((logits.shape[0], k), dtype=mx.float32)
         ids[idx] = mx.take_along_axis(top, order, axis=-1).astype(mx.int32)
-        vals[idx] = mx.take_along_axis(top_vals, order, axis=-1)
+        vals[idx] = mx.take_along_axis(top_vals, order, axis=-1) - lse
         out.top_ids, out.top_logprobs = ids, vals
