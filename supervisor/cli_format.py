@@ -197,6 +197,8 @@ def show_info(resp: dict[str, Any], verbose: bool = False) -> str:
         rows = [["", "architecture", details.get("family", "")],
                 ["", "parameters", details.get("parameter_size", "")]]
     rows.append(["", "quantization", details.get("quantization_level", "")])
+    if info.get("general.description"):  # e.g. the demo: "random test model: ..."
+        rows.append(["", "description", str(info["general.description"])])
     section("Model", rows)
     if resp.get("capabilities"):
         section("Capabilities", [["", c] for c in resp["capabilities"]])

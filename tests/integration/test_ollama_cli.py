@@ -34,6 +34,9 @@ def test_setup_demo_then_serve(tmp_path, subprocess_env):
         assert models["demo:latest"].details.family == "qwen3"
         reply = client.generate(model="demo", prompt="Hello", options={"num_predict": 3})
         assert reply.eval_count == 3 and reply.done_reason == "length"
+        # The demo's own default length: random weights never end a reply by themselves.
+        assert client.generate(model="demo", prompt="Hello").eval_count == 64
+        assert "random test model" in client.show("demo").modelinfo["general.description"]
         [vector] = client.embed(model="all-minilm", input="Hello").embeddings
         assert len(vector) == 384 and abs(sum(v * v for v in vector) - 1) < 1e-4
         assert "embedding" in client.show("all-minilm").capabilities

@@ -102,6 +102,8 @@ def test_show_info_sections():
         "  System\n    line one\n    line two\n    ...\n\n"
         "  License\n    MIT\n\n")
     assert "  Metadata\n" in show_info(resp, verbose=True)
+    resp["model_info"]["general.description"] = "random test model: small"
+    assert "    description         random test model: small\n" in show_info(resp)
 
 
 def test_metrics_summary_matches_ollama():
