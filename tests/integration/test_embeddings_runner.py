@@ -7,15 +7,14 @@ import asyncio
 import importlib.resources
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from tests.integration.test_runner import WORDS, free_port, wait_ready
+from tests.integration.test_runner import WORDS
+from tests.runner_process import running
 
 REFERENCE = Path(__file__).resolve().parent.parent / "fixtures/embeddings/minilm_reference.json"
 
@@ -39,40 +38,16 @@ def minilm_dir(tmp_path_factory) -> Path:
     return target
 
 
-def start_runner(model_dir: Path, env: dict, **extra):
-    port = free_port()
-    config = {"model_dir": str(model_dir), "port": port, "watch_stdin": True, **extra}
-    proc = subprocess.Popen([sys.executable, "-m", "runner", "--config", json.dumps(config)],
-                            env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc)
-    except BaseException:
-        stop_runner(proc)
-        raise
-    return url, proc
-
-
-def stop_runner(proc: subprocess.Popen) -> None:
-    proc.stdin.close()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
 @pytest.fixture(scope="module")
 def minilm(minilm_dir, subprocess_env):
-    url, proc = start_runner(minilm_dir, subprocess_env)
-    yield url
-    stop_runner(proc)
+    with running(minilm_dir, subprocess_env) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def lm(tiny_model, subprocess_env):
-    url, proc = start_runner(tiny_model, subprocess_env, context_length=2048)
-    yield url
-    stop_runner(proc)
+    with running(tiny_model, subprocess_env, context_length=2048) as url:
+        yield url
 
 
 def post(url: str, body: dict) -> httpx.Response:

@@ -5,54 +5,22 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
+from tests.runner_process import running
+
 WORDS = ("the quick brown fox jumps over a lazy dog while seven rivers run past old mountains "
          "and clouds drift above quiet towns near the sea").split()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        try:
-            if httpx.get(url + "/v1/status", timeout=1).json()["status"] == "ready":
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError("runner did not become ready")
-
-
 @pytest.fixture(scope="module")
 def runner(tiny_model, subprocess_env):
-    port = free_port()
-    config = {"model_dir": str(tiny_model), "port": port, "num_parallel": 16,
-              "prefill_chunk": 64, "context_length": 2048, "watch_stdin": True}
-    proc = subprocess.Popen([sys.executable, "-m", "runner", "--config", json.dumps(config)],
-                            env=subprocess_env, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc)
+    with running(tiny_model, subprocess_env, num_parallel=16, prefill_chunk=64,
+                 context_length=2048) as url:
         yield url
-    finally:
-        proc.stdin.close()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,14 @@ import asyncio
 import json
 import random
 import re
-import subprocess
-import sys
 
 import httpx
 import jsonschema
 import pytest
 
 from tests.integration.test_runner import (  # noqa: F401 (reference is a fixture)
-    complete, free_port, greedy, reference, sentence, wait_ready)
+    complete, greedy, reference, sentence)
+from tests.runner_process import running
 
 SCHEMA = {
     "type": "object",
@@ -59,21 +58,9 @@ CLOSE_STRING_BIAS = {"3252": 6.0, "9207": 6.0}
 
 @pytest.fixture(scope="module")
 def runner(tiny_model, subprocess_env):
-    port = free_port()
-    config = {"model_dir": str(tiny_model), "port": port, "num_parallel": 16,
-              "prefill_chunk": 64, "context_length": 8192, "watch_stdin": True}
-    proc = subprocess.Popen([sys.executable, "-m", "runner", "--config", json.dumps(config)],
-                            env=subprocess_env, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc)
+    with running(tiny_model, subprocess_env, num_parallel=16, prefill_chunk=64,
+                 context_length=8192) as url:
         yield url
-    finally:
-        proc.stdin.close()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def run_all(url: str, bodies: list[dict]) -> list[tuple]:
