@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from shared.config import Settings
-from shared.errors import InvalidRequest, MlxrError
+from shared.errors import InvalidRequest
 from shared.protocol import CompletionRequest, EmbedRequest, EmbedResponse, Options
 from supervisor import memory
 from supervisor.metrics import Metrics

@@ -39,3 +39,22 @@ def subprocess_env() -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_model):
+    """mlx-lm's own greedy generation of a prompt, alone."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
+    from mlx_lm.utils import load
+
+    model, tokenizer = load(str(tiny_model))
+
+    def generate(prompt_tokens: list[int], n: int) -> list[int]:
+        steps = generate_step(mx.array(prompt_tokens), model, max_tokens=n,
+                              sampler=make_sampler(0.0))
+        return [int(t) for t, _ in steps][:n]
+
+    generate.tokenizer = tokenizer
+    return generate

@@ -4,14 +4,12 @@ the official `openai` client."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import httpx
 import openai
 import pytest
 
-from tests.fakes.server import kill9, start_server, wait_for, write_fake_model
+from tests.fakes.server import kill9, start_server, write_fake_model
 
 pytestmark = pytest.mark.timeout(180)
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

@@ -17,8 +17,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.integration.test_runner import (  # noqa: F401 (reference is a fixture)
-    complete, greedy, reference, sentence)
+from tests.integration.test_runner import complete, greedy, sentence
 from tests.runner_process import running
 
 SCHEMA = {
