@@ -67,10 +67,6 @@ class RegistryError(MlxrError):
     openai_type = "server_error"
 
 
-class Cancelled(MlxrError):
-    status = 499
-
-
 def from_status(status: int, message: str) -> MlxrError:
     """Rebuild a typed error from a status and message received over HTTP."""
     for cls in (ContextOverflow if "context length" in message else InvalidRequest,
