@@ -83,30 +83,3 @@ class OpenAITarget:
             add_chunk(record, record.end_s, usage - counted)
         elif usage is not None and usage < counted:  # a final event with no new token
             del record.token_times_s[usage:]
-
-
-@dataclass(slots=True)
-class OllamaTarget:
-    """Our supervisor's Ollama `/api/generate` stream."""
-
-    name: str
-    base_url: str
-    model: str
-
-    async def stream(self, client: httpx.AsyncClient, prompt: str, gen_tokens: int,
-                     sampling: Sampling, record: RequestRecord) -> None:
-        body = {"model": self.model, "prompt": prompt, "raw": True, "stream": True,
-                "options": {"num_predict": gen_tokens, "temperature": sampling.temperature,
-                            "top_k": sampling.top_k, "top_p": sampling.top_p}}
-        async with client.stream("POST", self.base_url + "/api/generate", json=body) as resp:
-            resp.raise_for_status()
-            async for line in resp.aiter_lines():
-                item = json.loads(line)
-                if "error" in item:
-                    raise RuntimeError(str(item["error"]))
-                if not item.get("done"):
-                    add_chunk(record, time.perf_counter(), 1)
-                else:
-                    missing = item.get("eval_count", 0) - record.num_tokens
-                    add_chunk(record, time.perf_counter(), max(missing, 0))
-        record.end_s = time.perf_counter()

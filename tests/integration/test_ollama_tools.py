@@ -8,14 +8,11 @@ import json
 
 import pytest
 
-from tests.fakes.server import start_server, write_fake_model
+from tests.fakes.server import WEATHER_CALL, WEATHER_TOOLS, start_server, write_fake_model
 
 pytestmark = pytest.mark.timeout(120)
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Get the weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}]
+CALL = WEATHER_CALL
+TOOLS = WEATHER_TOOLS
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 

@@ -9,14 +9,12 @@ import httpx
 import openai
 import pytest
 
-from tests.fakes.server import kill9, start_server, write_fake_model
+from tests.fakes.server import (WEATHER_CALL, WEATHER_TOOLS, kill9, serving, start_server,
+                                write_fake_model)
 
 pytestmark = pytest.mark.timeout(180)
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Get the weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}]
+CALL = WEATHER_CALL
+TOOLS = WEATHER_TOOLS
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 LONG = [{"role": "system", "content": "You are a careful assistant who answers questions about "
                                       "the weather in European capitals, briefly and politely."},
@@ -25,14 +23,8 @@ LONG = [{"role": "system", "content": "You are a careful assistant who answers q
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, subprocess_env, tiny_model):
-    srv = start_server(tmp_path_factory.mktemp("openai"), subprocess_env,
+    yield from serving(tmp_path_factory.mktemp("openai"), subprocess_env, {"tiny": tiny_model},
                        MLXR_KEEP_ALIVE="10m")
-    with srv.http() as http:
-        lines = http.post("/api/create", json={"model": "tiny", "from": str(tiny_model)},
-                          timeout=120).text.splitlines()
-        assert json.loads(lines[-1])["status"] == "success"
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import ollama
 import openai
 import pytest
 
-from tests.fakes.server import start_server
+from tests.fakes.server import serving
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -68,12 +68,8 @@ ASK = [{"role": "user", "content": "Wake me at seven, and what is the weather in
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, subprocess_env, tiny_model):
-    srv = start_server(tmp_path_factory.mktemp("structured"), subprocess_env,
-                       MLXR_KEEP_ALIVE="10m")
-    progress = list(srv.client().create(model="tiny", from_=str(tiny_model), stream=True))
-    assert progress[-1].status == "success"
-    yield srv
-    srv.stop()
+    yield from serving(tmp_path_factory.mktemp("structured"), subprocess_env,
+                       {"tiny": tiny_model}, MLXR_KEEP_ALIVE="10m")
 
 
 @pytest.fixture(scope="module")
