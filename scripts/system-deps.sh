@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages mlxr uses on Linux: OpenBLAS (several times faster float32 matmuls than the
-# mlx CPU wheel's reference BLAS) and docker-registry (a real OCI registry for the store tests).
+# mlx CPU wheel's reference BLAS; the fallback for the cmeel-openblas wheel, and it brings the
+# libgfortran that wheel links) and docker-registry (a real OCI registry for the store tests).
 # Installs only what is missing, and only where apt-get and root (or sudo) are available.
 set -u
 [ "$(uname -s)" = Linux ] || exit 0
