@@ -44,8 +44,8 @@ def _preload_openblas() -> None:
     if not sys.platform.startswith("linux") or os.environ.get("MLXR_OPENBLAS") in ("0", "off"):
         return
     path = find_openblas()
-    if path is None or path in os.environ.get("LD_PRELOAD", ""):
-        return
+    if path is None or "openblas" in os.environ.get("LD_PRELOAD", ""):
+        return  # none here, or already preloaded (by the supervisor, maybe MLXR_OPENBLAS's)
     import mlx.core as mx
 
     if mx.default_device() != mx.cpu:

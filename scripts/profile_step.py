@@ -3,9 +3,9 @@
 Times, for one batch size, each part of a decode step separately: the forward pass; greedy
 selection; Ollama-default sampling with a full-vocabulary partition (the obvious way) and with
 the block top-k the runner uses; log-probabilities; and the host work per token (streaming
-detokenization). Run with OpenBLAS preloaded on Linux CPU:
+detokenization). Run with the OpenBLAS the runner preloads on Linux CPU:
 
-    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 \
+    LD_PRELOAD=$(.venv/bin/python -c 'from shared.config import find_openblas as f; print(f())') \
         .venv/bin/python scripts/profile_step.py --model ~/.cache/mlxr-bench/random-small
 """
 

@@ -5,13 +5,27 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from runner.sampling import Sampler, sample, top_k_candidates
+from runner.sampling import Sampler, argmax_rows, sample, top_k_candidates
 from shared.protocol import Options
+
+
+def test_grid_argmax_is_argmax_with_its_first_occurrence_rule():
+    rng = np.random.default_rng(1)
+    for vocab in (151680, 50000, 50257, 3000):  # grid 128 x 1185, 125 x 400, plain argmax
+        logits = rng.standard_normal((6, vocab)).astype(np.float32)
+        logits[1, [vocab - 1, 5, 777]] = 9.0  # a tie across three columns: the first id wins
+        logits[2, :] = -1.0
+        logits[2, [vocab // 2, vocab // 2 + 1]] = 3.0  # neighbours: different columns
+        logits[3, -3:] = 50.0  # the maximum in the last ids only
+        logits[4, 0] = 50.0
+        got = np.array(argmax_rows(mx.array(logits))).tolist()
+        assert got == np.argmax(logits, axis=-1).tolist(), vocab
+    assert argmax_rows(mx.zeros((2, 151680))).dtype == mx.int32
 
 
 def test_block_top_k_equals_a_full_partition():
     rng = np.random.default_rng(0)
-    for vocab in (151680, 50000, 3000):  # block path, padded block path, direct path
+    for vocab in (151680, 50000, 50257, 3000):  # grid, another grid, padded grid, direct
         logits = rng.standard_normal((5, vocab)).astype(np.float32)
         logits[1, :] = 0.0
         logits[1, [7, 9000 % vocab, vocab - 1]] = 5.0  # ties elsewhere, clear winners here
