@@ -24,6 +24,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from runner.host_head import MAX_ROWS as HOST_HEAD_MAX_ROWS, HostHead
 from runner.prefix_cache import PrefixCache
 from runner.request import Sequence
 from runner.sampling import SampleOutput, sample
@@ -71,6 +72,7 @@ class ModelStep:
     def __init__(self, model, prefix_cache: PrefixCache | None, detok_top):
         self.model = model
         self.split = split_model(model)
+        self.host_head = HostHead.find(model, self.split.head) if self.split.body else None
         self.prefix_cache = prefix_cache
         self._detok_top = detok_top  # token id -> text, for top_logprobs
         self.rows: list[Sequence] = []
@@ -170,8 +172,7 @@ class ModelStep:
             inputs = mx.array([seq.all_tokens[chunk.start:chunk.end]], dtype=mx.int32)
             if chunk.is_last:
                 if self.split.body is not None:
-                    hidden = self.split.body(inputs, cache=caches)
-                    logits = self.split.head(hidden[:, -1:, :])[:, -1, :]
+                    logits = self._head(self.split.body(inputs, cache=caches)[:, -1, :])
                 else:
                     logits = self.model(inputs, cache=caches)[:, -1, :]
                 outputs.append(([seq], self._sample(logits, [seq])))
@@ -199,14 +200,19 @@ class ModelStep:
                     _select(ahead.out, pick)
             self._drop_ahead()
         inputs = mx.array([[s.output_tokens[-1]] for s in self.rows], dtype=mx.int32)
-        logits = self.model(inputs, cache=self.batch)[:, -1, :]
+        if self._host_head_for(len(self.rows)):
+            logits = self._head(self.split.body(inputs, cache=self.batch)[:, -1, :])
+        else:
+            logits = self.model(inputs, cache=self.batch)[:, -1, :]
         self._prepare_hooks(logits, self.rows)
         return self._sample(logits, self.rows)
 
     def _run_ahead(self, out: SampleOutput) -> None:
         """Queue the next decode step from this step's lazy tokens, when every row's sampling
-        needs nothing from the host (penalties and grammars need the token first)."""
+        needs nothing from the host (penalties and grammars need the token first) and the
+        head runs on the device (the host head needs the hidden states first)."""
         if any(s.sampler.needs_processing for s in self.rows) or \
+                self._host_head_for(len(self.rows)) or \
                 not all(c.is_trimmable() for c in self.batch):
             return
         logits = self.model(out.tokens[:, None], cache=self.batch)[:, -1, :]
@@ -214,6 +220,15 @@ class ModelStep:
         mx.async_eval([a for a in (nxt.tokens, nxt.logprobs, nxt.top_ids, nxt.top_logprobs)
                        if a is not None])
         self._ahead = _Ahead(list(self.rows), nxt)
+
+    def _host_head_for(self, rows: int) -> bool:
+        return self.host_head is not None and rows <= HOST_HEAD_MAX_ROWS
+
+    def _head(self, hidden: mx.array) -> mx.array:
+        """Logits (B, V) from the last hidden states (B, D)."""
+        if self._host_head_for(hidden.shape[0]):
+            return self.host_head(hidden)
+        return self.split.head(hidden)
 
     def _drop_ahead(self) -> None:
         """Undo the position the step ahead appended to the batch cache."""

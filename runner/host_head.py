@@ -1,0 +1,102 @@
+"""The LM head as BLAS matrix-vector products, for decode batches of a few rows on a CPU.
+
+MLX's CPU matmul always calls `cblas_sgemm`. For one row of the 30M model's 151,680 x 192
+head, OpenBLAS's sgemm takes 6-10 ms where `cblas_sgemv` over the same weights takes about
+2 ms, so a single stream's token goes from 13.5 to 7.2 ms (docs/PERFORMANCE.md). From about
+four rows on, one sgemm beats a product per row, and the MLX head is used.
+
+Used only when all of these hold, else `HostHead.find` returns None and nothing changes:
+the default device is the CPU; the head is a plain float32 matrix (an unquantized `lm_head`
+without bias, or tied float32 embeddings); the runner was started with OpenBLAS preloaded;
+and on a probe the products match the MLX head.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Any, Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+log = logging.getLogger("mlxr.runner")
+
+MAX_ROWS = 3  # per-row sgemv (about 2 ms each) against one sgemm (9-10 ms for 2-16 rows)
+_ROW_MAJOR, _NO_TRANS = 101, 111
+
+
+def _sgemv(library: str | None) -> Callable[..., None] | None:
+    """`cblas_sgemv` of the OpenBLAS preloaded into this process, else of `library`, else
+    None. The runner passes no library: where OpenBLAS was not preloaded (MLXR_OPENBLAS=off,
+    or none installed) it does not load one."""
+    libraries: list[Any] = [ctypes.CDLL(None)]
+    if library:
+        try:
+            libraries.append(ctypes.CDLL(library))
+        except OSError as exc:
+            log.info("cannot load %s: %s", library, exc)
+    for lib in libraries:
+        if hasattr(lib, "openblas_get_config") and hasattr(lib, "cblas_sgemv"):
+            fn = lib.cblas_sgemv
+            fn.restype = None
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                           ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                           ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+            return fn
+    return None
+
+
+def _head_weight(model) -> mx.array | None:
+    """The (vocab, hidden) float32 matrix the head multiplies by, if it is a plain one."""
+    lm_head = getattr(model, "lm_head", None)
+    if lm_head is not None:
+        if type(lm_head) is not nn.Linear or "bias" in lm_head:
+            return None
+        weight = lm_head.weight
+    else:
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        if type(embed) is not nn.Embedding:
+            return None
+        weight = embed.weight
+    return weight if weight.dtype == mx.float32 and weight.ndim == 2 else None
+
+
+class HostHead:
+    def __init__(self, weight: mx.array, sgemv: Callable[..., None]):
+        mx.eval(weight)
+        self._weight = weight  # keeps the buffer the numpy view points into alive
+        self._matrix = np.asarray(weight)
+        self._sgemv = sgemv
+        self.vocab, self.hidden = self._matrix.shape
+
+    @classmethod
+    def find(cls, model, mlx_head: Callable[[mx.array], mx.array] | None,
+             library: str | None = None) -> "HostHead | None":
+        """A host head equal to `mlx_head` for this model, or None where it does not apply.
+        `library`: an OpenBLAS to load when none is preloaded (tests)."""
+        if mlx_head is None or mx.default_device() != mx.cpu:
+            return None
+        weight = _head_weight(model)
+        if weight is None:
+            return None
+        sgemv = _sgemv(library)
+        if sgemv is None or not np.asarray(weight).flags.c_contiguous:
+            return None
+        head = cls(weight, sgemv)
+        probe = mx.random.normal((2, head.hidden), key=mx.random.key(0))
+        if not mx.allclose(head(probe), mlx_head(probe), rtol=1e-4, atol=1e-4).item():
+            log.info("the BLAS head does not match the model's head; not using it")
+            return None
+        return head
+
+    def __call__(self, hidden: mx.array) -> mx.array:
+        """Logits (B, vocab) for evaluated-or-lazy hidden states (B, hidden)."""
+        rows = np.ascontiguousarray(np.asarray(hidden.astype(mx.float32)))
+        out = np.empty((rows.shape[0], self.vocab), dtype=np.float32)
+        matrix = self._matrix.ctypes.data
+        for i in range(rows.shape[0]):
+            self._sgemv(_ROW_MAJOR, _NO_TRANS, self.vocab, self.hidden, 1.0, matrix,
+                        self.hidden, rows[i].ctypes.data, 1, 0.0, out[i].ctypes.data, 1)
+        return mx.array(out)
