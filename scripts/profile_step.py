@@ -12,23 +12,30 @@ detokenization). Run with the OpenBLAS the runner preloads on Linux CPU:
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load
 
+from runner.host_head import MAX_ROWS, HostHead
+from runner.model_step import split_model
 from runner.sampling import Sampler, sample
 from runner.text_stream import TextStream
+from shared.config import find_openblas
 from shared.protocol import Options
 
 
-def timed(fn, repeats: int = 20) -> float:
+def timed(fn, repeats: int = 30) -> float:
+    """Median milliseconds of `repeats` evaluated calls (the median: this machine is shared)."""
     mx.eval(fn())
-    start = time.perf_counter()
+    times = []
     for _ in range(repeats):
+        start = time.perf_counter()
         mx.eval(fn())
-    return (time.perf_counter() - start) / repeats * 1000
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
 
 
 def main() -> None:
@@ -56,12 +63,25 @@ def main() -> None:
     mx.eval(logits)
     greedy = [Sampler.from_options(Options(temperature=0), 4096) for _ in range(B)]
     ollama = [Sampler.from_options(Options(), 4096) for _ in range(B)]
-    rows = {
-        "forward pass": timed(forward),
-        "greedy: argmax": timed(lambda: sample(logits, greedy, [[]] * B, [-1] * B).tokens),
+    rows = {"forward pass": timed(forward)}
+    split = split_model(model)
+    host_head = HostHead.find(model, split.head, find_openblas()) if split.body else None
+    if host_head is not None and B <= MAX_ROWS:
+        def forward_host_head():
+            logits = host_head(split.body(inputs, cache=cache)[:, -1, :])
+            for c in cache:
+                c.trim(1)
+            return logits
+
+        rows["forward pass, head as BLAS matrix-vector products (the runner's, B <= 3)"] = \
+            timed(forward_host_head)
+    rows |= {
+        "greedy, the obvious way: `mx.argmax` over the vocabulary": timed(
+            lambda: mx.argmax(logits, axis=-1)),
+        "greedy: argmax (grid columns, `argmax_rows`)": timed(lambda: sample(logits, greedy, [[]] * B, [-1] * B).tokens),
         "sampled: full-vocabulary argpartition top-40": timed(lambda: mx.argpartition(
             -logits, kth=39, axis=-1)[:, :40]),
-        "sampled: runner (block top-k, temperature, top-p)": timed(
+        "sampled: runner (grid top-k, temperature, top-p)": timed(
             lambda: sample(logits, ollama, [[]] * B, [-1] * B).tokens),
         "logprobs (top 5) for every row": timed(
             lambda: sample(logits, greedy, [[]] * B, [5] * B).top_logprobs),
