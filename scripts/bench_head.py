@@ -1,0 +1,71 @@
+"""The decode head for a few rows: MLX's matmul (sgemm) against the runner's BLAS
+matrix-vector head (runner/host_head.py), alone and as part of a whole greedy token.
+
+    LD_PRELOAD=$(.venv/bin/python -c 'from shared.config import find_openblas as f; print(f())') \
+        PYTHONPATH=. .venv/bin/python scripts/bench_head.py --model ~/.cache/mlxr-bench/random-small
+
+Prints medians in milliseconds, and checks that both heads pick the same token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load
+
+from runner.host_head import MAX_ROWS, HostHead
+from runner.model_step import split_model
+from runner.sampling import argmax_rows
+from shared.config import find_openblas
+
+
+def timed(fn, repeats: int = 40) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--context", type=int, default=256)
+    args = parser.parse_args()
+    model, _ = load(args.model)
+    split = split_model(model)
+    host = HostHead.find(model, split.head, find_openblas())
+    if host is None:
+        raise SystemExit("no BLAS head for this model here (needs OpenBLAS and a float32 head)")
+    print("| rows | MLX head ms | BLAS head ms | greedy token, MLX head ms | greedy token, BLAS head ms |")
+    print("|---|---|---|---|---|")
+    for rows in range(1, MAX_ROWS + 2):
+        caches = make_prompt_cache(model)
+        model(mx.array([list(range(1, args.context + 1))]), cache=caches)
+        cache = [type(c).merge([c] * rows) for c in caches]
+        inputs = mx.array([[11]] * rows)
+        hidden = mx.random.normal((rows, host.hidden))
+        mx.eval(hidden)
+
+        def token(head):
+            def run():
+                out = argmax_rows(head(split.body(inputs, cache=cache)[:, -1, :])).tolist()
+                for c in cache:
+                    c.trim(1)
+                return out
+            return run
+
+        assert token(host)() == token(split.head)(), "the heads disagree"
+        print(f"| {rows} | {timed(lambda: mx.eval(split.head(hidden))):.2f} "
+              f"| {timed(lambda: host(hidden)):.2f} | {timed(token(split.head)):.2f} "
+              f"| {timed(token(host)):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
