@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
+from runner.batch_cache import append_row
 from runner.host_head import MAX_ROWS as HOST_HEAD_MAX_ROWS, HostHead
 from runner.prefix_cache import PrefixCache
 from runner.request import Sequence
@@ -142,12 +143,14 @@ class ModelStep:
         caches = self.prefills.pop(seq.seq_id)
         if self.supports_prefix and self.prefix_cache is not None:
             self._store(caches, seq)
-        merged = [type(c).merge([c]) for c in caches]
         if self.batch is None:
-            self.batch = merged
+            self.batch = [type(c).merge([c]) for c in caches]
         else:
-            for batch, new in zip(self.batch, merged):
-                batch.extend(new)
+            for batch, new in zip(self.batch, caches):
+                if isinstance(batch, BatchKVCache) and type(new) is KVCache:
+                    append_row(batch, new)
+                else:
+                    batch.extend(type(new).merge([new]))
         self.rows.append(seq)
 
     # -- compute ------------------------------------------------------------------------
@@ -183,9 +186,11 @@ class ModelStep:
         mx.eval(_cache_arrays(touched) + [o.tokens for _, o in outputs])
         for seqs, out in outputs:
             self._collect(seqs, out, result)
-        for chunk in plan.prefills:
-            if chunk.is_last:
-                self._merge(chunk.seq)
+        merged = [chunk.seq for chunk in plan.prefills if chunk.is_last]
+        for seq in merged:
+            self._merge(seq)
+        if merged:  # in this step, so the next decode step is not held up by the copies
+            mx.eval(_cache_arrays(self.batch))
         return result
 
     def _decode(self) -> SampleOutput:
