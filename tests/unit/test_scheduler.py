@@ -272,3 +272,28 @@ def test_short_prompts_are_not_throttled_while_streams_decode():
     sched.add(make_seq(2, 200))
     plan = sched.schedule()
     assert chunk_len(plan) == 200, "a short prompt goes in whole"
+
+
+def test_chunks_do_not_shrink_to_the_minimum_when_each_chunk_has_a_fixed_cost():
+    # A chunk costs 9 ms plus 0.26 ms a token (its own forward pass); decode steps 24 ms.
+    # Read as a cost per token, every smaller chunk looks dearer and the next one shrinks,
+    # down to min_prefill_chunk; fitted as fixed + per token, chunks settle where the step
+    # stays within 0.75 decode steps of extra time: (18 - 9) / 0.26 = 34 tokens.
+    sched, step = make(SchedulerConfig(prefill_chunk=512, min_prefill_chunk=16,
+                                       stall_factor=0.75))
+    sched.add(make_seq(1, 4, max_new=100_000))
+    run_step(sched, step)
+    for _ in range(3):
+        plan, _ = run_step(sched, step)
+        sched.observe(plan, 0.024)
+    sched.add(make_seq(2, 20_000))
+    sizes = []
+    for _ in range(40):
+        plan = sched.schedule()
+        sizes.append(chunk_len(plan))
+        sched.observe(plan, 0.024 + 0.009 + 0.00026 * sizes[-1])
+        sched.update(plan, step.run(plan))
+    assert sizes[0] == 512, "no prefill measurement yet"
+    assert all(33 <= n <= 35 for n in sizes[-20:]), str(sizes)
+    extra = [0.009 + 0.00026 * n for n in sizes[-20:]]
+    assert max(extra) <= 0.75 * 0.024 + 1e-9
