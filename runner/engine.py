@@ -149,7 +149,7 @@ class Engine:
                           or getattr(tokenizer, "model_max_length", 0) or 1 << 20)
         self.prefix_cache = PrefixCache(max_bytes=self.config.prefix_cache_bytes)
         step = ModelStep(model, self.prefix_cache, self._token_text_fn(tokenizer))
-        log.info("decode head: %s", "BLAS matrix-vector products for up to 3 rows"
+        log.info("decode head: %s", "BLAS matrix-vector products for 1-2 rows"
                  if step.host_head is not None else "MLX")
         bytes_per_token = _kv_bytes_per_token(model)
         vocab_size = int(model_config.get("vocab_size") or len(tokenizer._tokenizer))

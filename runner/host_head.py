@@ -2,8 +2,9 @@
 
 MLX's CPU matmul always calls `cblas_sgemm`. For one row of the 30M model's 151,680 x 192
 head, OpenBLAS's sgemm takes 6-10 ms where `cblas_sgemv` over the same weights takes about
-2 ms, so a single stream's token goes from 13.5 to 7.2 ms (docs/PERFORMANCE.md). From about
-four rows on, one sgemm beats a product per row, and the MLX head is used.
+2 ms, so a single stream's token goes from 13.5 to 7.2 ms (docs/PERFORMANCE.md). At three
+rows a whole token costs about the same either way, and from four on one sgemm wins, so the
+MLX head is used from three rows.
 
 Used only when all of these hold, else `HostHead.find` returns None and nothing changes:
 the default device is the CPU; the head is a plain float32 matrix (an unquantized `lm_head`
@@ -23,7 +24,7 @@ import numpy as np
 
 log = logging.getLogger("mlxr.runner")
 
-MAX_ROWS = 3  # per-row sgemv (about 2 ms each) against one sgemm (9-10 ms for 2-16 rows)
+MAX_ROWS = 2  # per-row sgemv (2.4 ms each) against one sgemm (8-10 ms); at 3 rows a wash
 _ROW_MAJOR, _NO_TRANS = 101, 111
 
 

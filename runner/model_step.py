@@ -133,7 +133,8 @@ class ModelStep:
         length = seq.num_computed
         if length <= 0:
             return
-        payload = [(mx.contiguous(c.keys[..., :length, :]), mx.contiguous(c.values[..., :length, :]))
+        payload = [(mx.contiguous(c.keys[..., :length, :]),
+                    mx.contiguous(c.values[..., :length, :]))
                    for c in caches]
         mx.eval(payload)
         nbytes = sum(k.nbytes + v.nbytes for k, v in payload)

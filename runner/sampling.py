@@ -3,8 +3,9 @@
 Greedy rows take argmax of the raw logits (`argmax_rows`). Sampled rows are cut to their
 top-k candidates first; temperature, top-p and min-p then work on those few (Ollama's
 order). Each request's random draws come from its own seeded host generator, one uniform per
-step, so a seeded request gives the same tokens alone or inside any batch. Penalties and logit bias touch only
-the requests that set them; log-probabilities are computed only for requests that ask.
+step, so a seeded request gives the same tokens alone or inside any batch. Penalties and
+logit bias touch only the requests that set them; log-probabilities are computed only for
+requests that ask.
 """
 
 from __future__ import annotations

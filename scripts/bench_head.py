@@ -43,7 +43,8 @@ def main() -> None:
     host = HostHead.find(model, split.head, find_openblas())
     if host is None:
         raise SystemExit("no BLAS head for this model here (needs OpenBLAS and a float32 head)")
-    print("| rows | MLX head ms | BLAS head ms | greedy token, MLX head ms | greedy token, BLAS head ms |")
+    print("| rows | MLX head ms | BLAS head ms | greedy token, MLX head ms "
+          "| greedy token, BLAS head ms |")
     print("|---|---|---|---|---|")
     for rows in range(1, MAX_ROWS + 2):
         caches = make_prompt_cache(model)

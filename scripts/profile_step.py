@@ -73,12 +73,13 @@ def main() -> None:
                 c.trim(1)
             return logits
 
-        rows["forward pass, head as BLAS matrix-vector products (the runner's, B <= 3)"] = \
+        rows["forward pass, head as BLAS matrix-vector products (the runner's, B <= 2)"] = \
             timed(forward_host_head)
     rows |= {
         "greedy, the obvious way: `mx.argmax` over the vocabulary": timed(
             lambda: mx.argmax(logits, axis=-1)),
-        "greedy: argmax (grid columns, `argmax_rows`)": timed(lambda: sample(logits, greedy, [[]] * B, [-1] * B).tokens),
+        "greedy: argmax (grid columns, `argmax_rows`)": timed(
+            lambda: sample(logits, greedy, [[]] * B, [-1] * B).tokens),
         "sampled: full-vocabulary argpartition top-40": timed(lambda: mx.argpartition(
             -logits, kth=39, axis=-1)[:, :40]),
         "sampled: runner (grid top-k, temperature, top-p)": timed(

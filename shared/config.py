@@ -152,7 +152,8 @@ class Settings:
             else find_openblas()
         if env.get("MLXR_RUNNER_MODULE"):
             values["runner_module"] = env["MLXR_RUNNER_MODULE"]
-        values["debug"] = env.get("MLXR_DEBUG", env.get("OLLAMA_DEBUG", "")) not in ("", "0", "false")
+        debug = env.get("MLXR_DEBUG", env.get("OLLAMA_DEBUG", ""))
+        values["debug"] = debug not in ("", "0", "false")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
