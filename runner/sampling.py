@@ -10,6 +10,7 @@ requests that ask.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence as Seq
@@ -129,6 +130,7 @@ def sample(logits: mx.array, samplers: Seq[Sampler], histories: Seq[list[int]],
     return out
 
 
+@functools.cache  # a vocabulary size's answer never changes; every step asks
 def _grid_rows(vocab: int) -> int | None:
     """A row count R in [32, 512] dividing `vocab`, nearest 128, for viewing each logit row as
     an (R, vocab / R) grid; None for small vocabularies or when no such divisor exists.
