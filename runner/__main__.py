@@ -12,7 +12,8 @@ import signal
 import sys
 import threading
 
-from shared.config import RunnerConfig, find_openblas
+from shared.blas import choose
+from shared.config import RunnerConfig, Settings
 
 
 def parse_config(argv: list[str]) -> RunnerConfig:
@@ -38,19 +39,21 @@ def parse_config(argv: list[str]) -> RunnerConfig:
     return RunnerConfig.from_dict(values)
 
 
-def _preload_openblas() -> None:
+def _preload_blas(config: RunnerConfig) -> None:
     """The mlx CPU wheel's own BLAS is several times slower than OpenBLAS on Linux: re-exec
-    with OpenBLAS preloaded when it is installed and the process is not already using it."""
-    if not sys.platform.startswith("linux") or os.environ.get("MLXR_OPENBLAS") in ("0", "off"):
+    with the supervisor's probed choice preloaded, or, for a runner started by hand, with
+    the library shared/blas.py chooses (probing it in a throwaway process first)."""
+    if not sys.platform.startswith("linux") or config.blas == "off":
         return
-    path = find_openblas()
-    if path is None or "openblas" in os.environ.get("LD_PRELOAD", ""):
-        return  # none here, or already preloaded (by the supervisor, maybe MLXR_OPENBLAS's)
-    import mlx.core as mx
-
-    if mx.default_device() != mx.cpu:
-        return
-    env = dict(os.environ, LD_PRELOAD=path)
+    path: str | None = config.blas
+    if path == "auto":
+        settings = Settings.from_env()
+        choice = choose(settings.blas, settings.cache_dir)
+        print(choice.describe(), file=sys.stderr, flush=True)
+        path = choice.path
+    if not path or path in os.environ.get("LD_PRELOAD", "").split():
+        return  # nothing passed its probe, or the supervisor preloaded it already
+    env = dict(os.environ, LD_PRELOAD=" ".join(p for p in (path, os.environ.get("LD_PRELOAD")) if p))
     os.execve(sys.executable, [sys.executable, "-m", "runner", *sys.argv[1:]], env)
 
 
@@ -69,7 +72,7 @@ def _die_with_parent(watch_stdin: bool) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_config(sys.argv[1:] if argv is None else argv)
-    _preload_openblas()
+    _preload_blas(config)
     _die_with_parent(config.watch_stdin)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s runner %(levelname)s %(message)s")

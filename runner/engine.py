@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import psutil
 
+from shared.blas import loaded_blas
 from shared.config import RunnerConfig
 from shared.protocol import Chunk, RunnerStatus, error_line
 from runner.prefix_cache import PrefixCache
@@ -60,6 +61,7 @@ class Engine:
         self.prefix_cache: PrefixCache | None = None
         self._kv_bytes = 0
         self.ready = threading.Event()
+        self.blas = loaded_blas()
 
     # -- called from other threads ------------------------------------------------------
     def start(self) -> None:
@@ -95,7 +97,8 @@ class Engine:
             memory=mx.get_active_memory() + mx.get_cache_memory() if loaded else 0,
             kv_bytes=self._kv_bytes, active=sched.num_active if sched else 0,
             waiting=sched.num_waiting if sched else 0, error=self.error,
-            capabilities=loaded.capabilities if loaded else [])
+            capabilities=loaded.capabilities if loaded else [],
+            blas_path=self.blas.path or "", blas_config=self.blas.config)
 
     # -- the engine thread --------------------------------------------------------------
     def _main(self) -> None:
@@ -149,6 +152,7 @@ class Engine:
                           or getattr(tokenizer, "model_max_length", 0) or 1 << 20)
         self.prefix_cache = PrefixCache(max_bytes=self.config.prefix_cache_bytes)
         step = ModelStep(model, self.prefix_cache, self._token_text_fn(tokenizer))
+        log.info("blas: %s", self.blas.describe())
         log.info("decode head: %s", "BLAS matrix-vector products for 1-2 rows"
                  if step.host_head is not None else "MLX")
         bytes_per_token = _kv_bytes_per_token(model)

@@ -1,7 +1,7 @@
 """The decode head for a few rows: MLX's matmul (sgemm) against the runner's BLAS
 matrix-vector head (runner/host_head.py), alone and as part of a whole greedy token.
 
-    LD_PRELOAD=$(.venv/bin/python -c 'from shared.config import find_openblas as f; print(f())') \
+    LD_PRELOAD=$(.venv/bin/python -m shared.blas --path) \
         PYTHONPATH=. .venv/bin/python scripts/bench_head.py --model ~/.cache/mlxr-bench/random-small
 
 Prints medians in milliseconds, and checks that both heads pick the same token.
@@ -20,7 +20,7 @@ from mlx_lm.utils import load
 from runner.host_head import MAX_ROWS, HostHead
 from runner.model_step import split_model
 from runner.sampling import argmax_rows
-from shared.config import find_openblas
+from shared.blas import loaded_blas
 
 
 def timed(fn, repeats: int = 40) -> float:
@@ -38,9 +38,10 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--context", type=int, default=256)
     args = parser.parse_args()
+    print(f"blas: {loaded_blas().describe()}", flush=True)
     model, _ = load(args.model)
     split = split_model(model)
-    host = HostHead.find(model, split.head, find_openblas())
+    host = HostHead.find(model, split.head)
     if host is None:
         raise SystemExit("no BLAS head for this model here (needs OpenBLAS and a float32 head)")
     print("| rows | MLX head ms | BLAS head ms | greedy token, MLX head ms "

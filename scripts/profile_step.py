@@ -5,7 +5,7 @@ selection; Ollama-default sampling with a full-vocabulary partition (the obvious
 the block top-k the runner uses; log-probabilities; and the host work per token (streaming
 detokenization). Run with the OpenBLAS the runner preloads on Linux CPU:
 
-    LD_PRELOAD=$(.venv/bin/python -c 'from shared.config import find_openblas as f; print(f())') \
+    LD_PRELOAD=$(.venv/bin/python -m shared.blas --path) \
         .venv/bin/python scripts/profile_step.py --model ~/.cache/mlxr-bench/random-small
 """
 
@@ -23,7 +23,7 @@ from runner.host_head import MAX_ROWS, HostHead
 from runner.model_step import split_model
 from runner.sampling import Sampler, sample
 from runner.text_stream import TextStream
-from shared.config import find_openblas
+from shared.blas import loaded_blas
 from shared.protocol import Options
 
 
@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--context", type=int, default=256)
     args = parser.parse_args()
+    print(f"blas: {loaded_blas().describe()}", flush=True)
     model, tokenizer = load(args.model)
     B = args.batch
     cache = [type(c).merge([c] * 1) for c in make_prompt_cache(model)]
@@ -65,7 +66,7 @@ def main() -> None:
     ollama = [Sampler.from_options(Options(), 4096) for _ in range(B)]
     rows = {"forward pass": timed(forward)}
     split = split_model(model)
-    host_head = HostHead.find(model, split.head, find_openblas()) if split.body else None
+    host_head = HostHead.find(model, split.head) if split.body else None
     if host_head is not None and B <= MAX_ROWS:
         def forward_host_head():
             logits = host_head(split.body(inputs, cache=cache)[:, -1, :])

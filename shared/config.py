@@ -7,10 +7,8 @@ JSON argument) and what `python -m runner` builds from its flags.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
 import re
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -18,8 +16,6 @@ from typing import Any, Mapping
 from shared.errors import InvalidRequest
 
 DEFAULT_PORT = 11434
-OPENBLAS_PATHS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
-                  "/usr/lib/aarch64-linux-gnu/libopenblas.so.0")
 
 _DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -78,23 +74,6 @@ def _parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * scale)
 
 
-def find_openblas() -> str | None:
-    """The OpenBLAS to preload into MLX on Linux CPU: the `cmeel-openblas` wheel's (newer,
-    faster sgemm for small batches) when it and the libgfortran it links are present, else
-    Debian's."""
-    for scheme in ("platlib", "purelib"):
-        wheel = Path(sysconfig.get_paths()[scheme]) / "cmeel.prefix" / "lib" / "libopenblas.so.0"
-        if wheel.exists() and _has_gfortran():
-            return str(wheel)
-    return next((p for p in OPENBLAS_PATHS if os.path.exists(p)), None)
-
-
-def _has_gfortran() -> bool:
-    return any(glob.glob(f"{d}/libgfortran.so.5*") for d in (
-        "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib/x86_64-linux-gnu",
-        "/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"))
-
-
 @dataclass(frozen=True, slots=True)
 class Settings:
     host: str = "127.0.0.1"
@@ -111,7 +90,10 @@ class Settings:
     max_request_bytes: int = 32 << 20
     api_key: str | None = None
     origins: tuple[str, ...] = ()
-    openblas: str | None = None
+    # The BLAS runners preload on Linux CPU: "auto" (probe the candidates, shared/blas.py),
+    # "off", or a library path to try first (MLXR_OPENBLAS).
+    blas: str = "auto"
+    cache_dir: Path = Path.home() / ".cache" / "mlxr"  # BLAS probe verdicts, the built shim
     debug: bool = False
     # The module started as `python -m <runner_module>`; tests point it at a fake runner.
     runner_module: str = "runner"
@@ -148,8 +130,12 @@ class Settings:
         if origins:
             values["origins"] = tuple(o.strip() for o in origins.split(",") if o.strip())
         blas = env.get("MLXR_OPENBLAS")
-        values["openblas"] = (None if blas in ("", "0", "off") else blas) if blas is not None \
-            else find_openblas()
+        if blas is not None:
+            values["blas"] = "off" if blas.strip() in ("", "0", "off") else blas.strip()
+        cache = env.get("MLXR_CACHE_DIR") or (
+            env.get("XDG_CACHE_HOME") and str(Path(env["XDG_CACHE_HOME"]) / "mlxr"))
+        if cache:
+            values["cache_dir"] = Path(cache).expanduser()
         if env.get("MLXR_RUNNER_MODULE"):
             values["runner_module"] = env["MLXR_RUNNER_MODULE"]
         debug = env.get("MLXR_DEBUG", env.get("OLLAMA_DEBUG", ""))
@@ -176,6 +162,9 @@ class RunnerConfig:
     prefix_cache_bytes: int = 1 << 30
     kv_cache_bytes: int = 0  # 0: derived from the system's available memory
     watch_stdin: bool = False  # exit when stdin closes (the supervisor died)
+    # The library to preload (the supervisor's probed choice), "off", or "auto": choose here,
+    # as the supervisor would (a runner started by hand).
+    blas: str = "auto"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

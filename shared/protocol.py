@@ -199,6 +199,10 @@ class RunnerStatus:
     waiting: int = 0
     error: str | None = None
     capabilities: list[str] = field(default_factory=list)
+    # The library serving cblas_sgemm in the runner ("" for MLX's own) and its description:
+    # a benchmark gives its peers exactly this file.
+    blas_path: str = ""
+    blas_config: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -15,7 +15,7 @@ from shared.errors import Unauthorized
 from supervisor.handlers_ollama import SERVICE, VERSION, add_ollama_routes
 from supervisor.http_errors import error_middleware
 from supervisor.metrics import CONTENT_TYPE, Metrics
-from supervisor.runner_client import make_runner_factory
+from supervisor.runner_client import BlasSelection, make_runner_factory
 from supervisor.runner_manager import Clock, RunnerManager
 from supervisor.service import Service
 
@@ -44,7 +44,9 @@ def make_app(settings: Settings, *, store: Any = None,
     kwargs: dict[str, Any] = {"clock": clock}
     if available_memory is not None:
         kwargs["available_memory"] = available_memory
-    manager = RunnerManager(settings, runner_factory or make_runner_factory(settings), **kwargs)
+    blas = BlasSelection(settings)
+    manager = RunnerManager(settings, runner_factory or make_runner_factory(settings, blas),
+                            **kwargs)
     metrics.bind(manager)
     cors = _Cors(settings.origins)
     middlewares = [metrics.middleware, cors.preflight, error_middleware]
@@ -64,6 +66,8 @@ def make_app(settings: Settings, *, store: Any = None,
 
     async def on_startup(app: web.Application) -> None:
         manager.start()
+        if runner_factory is None:
+            blas.start()  # probe now, so the first load does not wait for it and the log says
 
     async def on_cleanup(app: web.Application) -> None:
         await manager.close()

@@ -100,6 +100,49 @@ def serve(host, models, max_loaded_models, num_parallel, context_length) -> None
                 handler_cancellation=True, shutdown_timeout=5.0)
 
 
+@main.command()
+@click.option("--reprobe", is_flag=True, help="probe every BLAS candidate again")
+def doctor(reprobe) -> None:
+    """Show which BLAS runners preload here and why: each candidate's probe verdict."""
+    from shared.blas import choose, cpu_key
+
+    settings = settings_from()
+    choice = choose(settings.blas, settings.cache_dir, reprobe=reprobe)
+    click.echo(f"cpu:   {_cpu_model()} (avx512f: {'yes' if _has_flag('avx512f') else 'no'}; "
+               f"probe key {cpu_key()})")
+    click.echo(f"chose: {choice.path or choice.name} ({choice.reason})")
+    for tried in choice.tried:
+        verdict = tried.verdict
+        timing = f", head {verdict.head_ms:.1f} ms, sgemv {verdict.gemv_ms:.1f} ms" \
+            if verdict.ok and verdict.head_ms else ""
+        click.echo(f"  {tried.candidate.name:<17} {'ok  ' if verdict.ok else 'FAIL'} "
+                   f"{verdict.reason}{timing}")
+        click.echo(f"  {'':<17}      {tried.candidate.path}"
+                   + (f" [{verdict.config}]" if verdict.config else ""))
+    click.echo(f"verdicts cached in {settings.cache_dir}; MLXR_OPENBLAS=<path> tries a "
+               f"library first, MLXR_OPENBLAS=off preloads none")
+
+
+def _cpu_model() -> str:
+    return _cpuinfo_field("model name") or "unknown CPU"
+
+
+def _has_flag(flag: str) -> bool:
+    return flag in (_cpuinfo_field("flags") or "").split()
+
+
+def _cpuinfo_field(name: str) -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
 @main.command("setup-demo")
 @click.option("--models", help="model store directory (default: MLXR_MODELS)")
 def setup_demo(models) -> None:

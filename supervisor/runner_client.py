@@ -27,8 +27,10 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import aiohttp
 import orjson
 
+from shared.blas import BlasChoice, choose
 from shared.config import RunnerConfig, Settings
 from shared.errors import MlxrError, RunnerFailed, from_status
+from shared.exits import describe_exit
 from shared.protocol import Chunk, CompletionRequest, EmbedRequest, EmbedResponse, RunnerStatus
 
 log = logging.getLogger("mlxr.runner")
@@ -73,9 +75,11 @@ class RunnerClient:
     parser costs the supervisor a fraction of httpx's per-chunk work (measured with the fake
     runner: docs/PERFORMANCE.md)."""
 
-    def __init__(self, config: RunnerConfig, process: asyncio.subprocess.Process):
+    def __init__(self, config: RunnerConfig, process: asyncio.subprocess.Process,
+                 blas: str | None = None):
         self.config = config
         self.process = process
+        self.blas = blas  # the library preloaded into it, if any
         self.base_url = f"http://{config.host}:{config.port}"
         # trust_env=False: proxy variables must never route loopback traffic elsewhere.
         self.http = aiohttp.ClientSession(
@@ -88,12 +92,13 @@ class RunnerClient:
 
     @classmethod
     async def spawn(cls, config: RunnerConfig, *, module: str = "runner",
-                    openblas: str | None = None) -> "RunnerClient":
+                    blas: str | None = None) -> "RunnerClient":
         # The runner inherits our environment (PATH, PYTHONPATH, HF_* ...); only the BLAS
-        # preload is added, which makes float32 matmuls several times faster on Linux CPU.
+        # preload is added (a library that passed its probe on this CPU, shared/blas.py),
+        # which makes float32 matmuls several times faster on Linux CPU.
         env = dict(os.environ)
-        if openblas:
-            env["LD_PRELOAD"] = " ".join(p for p in (openblas, env.get("LD_PRELOAD")) if p)
+        if blas:
+            env["LD_PRELOAD"] = " ".join(p for p in (blas, env.get("LD_PRELOAD")) if p)
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", module, "--config", json.dumps(config.to_dict()),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -104,7 +109,7 @@ class RunnerClient:
             start_new_session=True)
         log.info("started runner pid %d for %s on port %d", process.pid, config.model_name,
                  config.port)
-        return cls(config, process)
+        return cls(config, process, blas)
 
     async def _read_output(self) -> None:
         assert self.process.stdout is not None
@@ -135,10 +140,20 @@ class RunnerClient:
         return code
 
     def failure(self, message: str) -> RunnerFailed:
-        code = self.process.returncode
-        if code is not None:
-            message = f"{message} (exit code {code})"
         return RunnerFailed(message, stderr_tail=self.stderr_tail())
+
+    def exit_failure(self, when: str) -> RunnerFailed:
+        """The process is gone: how, in words ("was killed by SIGILL (illegal instruction)
+        while loading"), with what that signal usually means here."""
+        code = self.process.returncode
+        message = f"runner for {self.config.model_name} {describe_exit(code)} {when}"
+        if code == -signal.SIGILL:
+            message += (f"; this CPU cannot run an instruction in MLX or in the BLAS it "
+                        f"preloaded ({self.blas or 'none'}); `mlxr doctor` probes the BLAS "
+                        f"libraries")
+        elif code == -signal.SIGKILL:
+            message += "; the system may have run out of memory"
+        return self.failure(message)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -150,7 +165,7 @@ class RunnerClient:
         try:
             while True:
                 if exited.done():
-                    raise self.failure(f"runner for {self.config.model_name} exited while loading")
+                    raise self.exit_failure("while loading")
                 try:
                     status = await self.status(timeout_s=2.0)
                 except (*TRANSPORT_ERRORS, ValueError):
@@ -243,7 +258,7 @@ class RunnerClient:
             pass
         if self.process.returncode is not None:
             await asyncio.sleep(0.05)  # let the reader collect the last lines
-            return self.failure(f"runner for {self.config.model_name} stopped unexpectedly")
+            return self.exit_failure("while serving")
         return RunnerFailed(f"lost connection to runner for {self.config.model_name}: "
                             f"{exc or type(exc).__name__}")
 
@@ -298,17 +313,42 @@ def _error_message(body: bytes) -> str:
     return str(err)
 
 
-def make_runner_factory(settings: Settings) -> Callable[[Any], Awaitable[RunnerClient]]:
+class BlasSelection:
+    """The BLAS runners preload, chosen once per supervisor in a worker thread: a first
+    probe of the candidates takes seconds, a cached verdict milliseconds."""
+
+    def __init__(self, settings: Settings):
+        self._settings = settings
+        self._task: asyncio.Task[BlasChoice] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._choose())
+
+    async def choice(self) -> BlasChoice:
+        self.start()
+        assert self._task is not None
+        return await asyncio.shield(self._task)
+
+    async def _choose(self) -> BlasChoice:
+        choice = await asyncio.to_thread(choose, self._settings.blas, self._settings.cache_dir)
+        log.info("%s", choice.describe())
+        return choice
+
+
+def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
+                        ) -> Callable[[Any], Awaitable[RunnerClient]]:
     """The production factory: spawn `python -m runner` for a LoadSpec and wait until ready."""
+    blas = blas or BlasSelection(settings)
 
     async def start(spec: Any) -> RunnerClient:
+        library = (await blas.choice()).path
         config = RunnerConfig(
             model_dir=str(spec.model_dir), model_name=spec.name, host="127.0.0.1",
             port=free_port(), num_parallel=settings.num_parallel,
             context_length=spec.context_length, prefix_cache_bytes=settings.prefix_cache_bytes,
-            kv_cache_bytes=spec.kv_cache_bytes, watch_stdin=True)
-        client = await RunnerClient.spawn(config, module=settings.runner_module,
-                                          openblas=settings.openblas)
+            kv_cache_bytes=spec.kv_cache_bytes, watch_stdin=True, blas=library or "off")
+        client = await RunnerClient.spawn(config, module=settings.runner_module, blas=library)
         try:
             await client.wait_ready(settings.load_timeout_s)
         except BaseException:

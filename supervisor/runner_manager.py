@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from shared.config import Settings
 from shared.errors import InsufficientMemory, ServerBusy
+from shared.exits import describe_exit
 from shared.protocol import RunnerStatus
 from supervisor import memory
 
@@ -82,6 +83,7 @@ class Slot:
     gone: asyncio.Event = field(default_factory=asyncio.Event)
     stop_task: asyncio.Future | None = None
     refreshed_at: float = float("-inf")  # time.monotonic() of the last /v1/status read
+    blas: dict[str, str] = field(default_factory=dict)  # what the runner says serves its sgemm
 
     @property
     def name(self) -> str:
@@ -365,9 +367,9 @@ class RunnerManager:
         code = await slot.runner.wait_exit()
         if not slot.removed:
             tail = slot.runner.stderr_tail()
-            log.error("runner for %s exited unexpectedly (exit code %s)%s", slot.name, code,
+            log.error("runner for %s %s unexpectedly%s", slot.name, describe_exit(code),
                       f":\n{tail}" if tail else "")
-            self._remove(slot, f"runner exited with code {code}")
+            self._remove(slot, f"runner {describe_exit(code)}")
 
     async def _refresh(self, slot: Slot) -> None:
         if slot.removed or not slot.runner.alive:
@@ -378,6 +380,7 @@ class RunnerManager:
         except Exception:  # a busy or dying runner: keep the last figures
             return
         slot.memory_bytes = int(status.memory or 0)
+        slot.blas = {"path": status.blas_path, "config": status.blas_config}
         if status.context_length:
             slot.context_length = int(status.context_length)
 

@@ -138,6 +138,7 @@ class RunningModel:
     details: dict[str, Any]
     expires_at: dt.datetime
     context_length: int
+    blas: dict[str, str]
 
 
 async def _single(event: Final) -> AsyncIterator[Delta | Final]:
@@ -237,7 +238,7 @@ class Service:
                 name=slot.name, model=slot.name, size=size, size_vram=size if vram else 0,
                 digest=slot.spec.digest, details=model_details(slot.spec.info),
                 expires_at=now_wall + dt.timedelta(seconds=left),
-                context_length=slot.context_length))
+                context_length=slot.context_length, blas=slot.blas))
         out.sort(key=lambda m: m.expires_at, reverse=True)
         return out
 

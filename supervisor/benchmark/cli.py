@@ -69,24 +69,28 @@ def main(argv: list[str] | None = None) -> None:
         server = peers.start_supervisor(model_dir, work, parallel)
         procs.append(server)
         targets.append(OpenAITarget("mlxr", server.url, server.extra["model"]))
+        blas = server.extra["blas"]
+        print(f"blas (read from the mlxr runner, preloaded into every peer): "
+              f"{blas['path'] or 'MLX own'} [{blas['config']}]", flush=True)
         if args.direct:
             runner = peers.start_runner(model_dir, work, num_parallel=parallel)
             procs.append(runner)
             targets.append(RunnerTarget("mlxr-runner", runner.url))
         if args.against == "mlx_lm":
-            peer = peers.start_mlx_lm_server(model_dir, work)
+            peer = peers.start_mlx_lm_server(model_dir, work, blas["path"])
             procs.append(peer)
             targets.append(OpenAITarget("mlx_lm.server", peer.url, peer.extra["model"]))
         results = asyncio.run(sweep(targets, tokenizer, levels, args, sampling)) if levels else {}
         # Scenarios time single tokens: the runner's protocol reports every token as it is
         # made, where the HTTP APIs only send tokens that have text.
         exact = next((t for t in targets if isinstance(t, RunnerTarget)), targets[0])
-        extra = asyncio.run(run_scenarios(args.scenarios, exact, tokenizer, model_dir))
+        extra = asyncio.run(run_scenarios(args.scenarios, exact, tokenizer, model_dir,
+                                          blas["path"]))
     finally:
         for p in procs:
             p.stop()
 
-    report = {"machine": machine(), "model": str(model_dir), "args": vars(args),
+    report = {"machine": machine(), "blas": blas, "model": str(model_dir), "args": vars(args),
               "results": results, "scenarios": extra}
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2))
     if results:
@@ -95,6 +99,9 @@ def main(argv: list[str] | None = None) -> None:
             plot(results, [t.name for t in targets], out_dir / "bench.png")
         except ImportError:
             print("matplotlib is not installed: no plot")
+    m = report["machine"]
+    print(f"\ncpu: {m['cpu']} (avx512f {'yes' if m['avx512f'] else 'no'}); "
+          f"blas: {blas['path'] or 'MLX own'} [{blas['config']}]")
     for name, figures in extra.items():
         print(f"\n{name}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                         for k, v in figures.items()))
@@ -120,7 +127,7 @@ async def sweep(targets, tokenizer, levels, args, sampling) -> dict:
     return results
 
 
-async def run_scenarios(spec: str, target, tokenizer, model_dir: Path) -> dict:
+async def run_scenarios(spec: str, target, tokenizer, model_dir: Path, blas_path: str) -> dict:
     names = {"prefix", "single", "stall"} if spec == "all" else \
         {n.strip() for n in spec.split(",") if n.strip()}
     unknown = names - {"prefix", "single", "stall"}
@@ -130,7 +137,8 @@ async def run_scenarios(spec: str, target, tokenizer, model_dir: Path) -> dict:
     if "prefix" in names:
         out["prefix_cache"] = await scenarios.prefix_cache(target, tokenizer)
     if "single" in names:
-        out["single_stream"] = await scenarios.single_stream(target, tokenizer, model_dir)
+        out["single_stream"] = await scenarios.single_stream(target, tokenizer, model_dir,
+                                                             blas_path)
     if "stall" in names:
         out["prefill_stall"] = await scenarios.prefill_stall(target, tokenizer)
     return out
@@ -140,9 +148,28 @@ def machine() -> dict:
     import mlx.core as mx
 
     return {"platform": platform.platform(), "processor": platform.processor(),
+            "cpu": cpu_model(), "avx512f": has_avx512f(),
             "cpus": psutil.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30),
             "mlx": mx.__version__, "device": str(mx.default_device()),
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def cpu_model() -> str:
+    """`lscpu`'s model name: every figure is labelled with the CPU it came from."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), platform.processor())
+    except OSError:
+        return platform.processor()
+
+
+def has_avx512f() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " avx512f" in f.read()
+    except OSError:
+        return False
 
 
 def print_table(results: dict, names: list[str]) -> None:

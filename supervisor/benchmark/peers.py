@@ -1,5 +1,6 @@
 """Processes a benchmark starts: our runner, our supervisor, and mlx_lm.server, all with the
-same model directory and the same BLAS (OpenBLAS preloaded on Linux CPU when installed)."""
+same model directory and the same BLAS: our runners choose theirs (shared/blas.py), and each
+peer gets exactly the file our runner reports serving its sgemm."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from pathlib import Path
 
 import httpx
 
-from shared.config import find_openblas
 
 
 def free_port() -> int:
@@ -24,11 +24,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def child_env(**extra: str) -> dict[str, str]:
+def child_env(blas_path: str = "", **extra: str) -> dict[str, str]:
+    """Our environment, less any BLAS preload; `blas_path` preloaded for a peer."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **extra)
-    blas = find_openblas()
-    if blas and sys.platform.startswith("linux"):
-        env["LD_PRELOAD"] = blas
+    env.pop("LD_PRELOAD", None)
+    if blas_path:
+        env["LD_PRELOAD"] = blas_path
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return env
@@ -87,15 +88,19 @@ def start_runner(model_dir: Path, workdir: Path, num_parallel: int, **config) ->
     p = _spawn("runner", [sys.executable, "-m", "runner", "--config", json.dumps(cfg)],
                f"http://127.0.0.1:{port}", child_env(), workdir)
     wait_until(p, "/v1/status", lambda r: r.json().get("status") == "ready")
+    status = httpx.get(p.url + "/v1/status", timeout=5).json()
+    p.extra["blas"] = {"path": status.get("blas_path", ""), "config": status.get("blas_config", "")}
     return p
 
 
-def start_mlx_lm_server(model_dir: Path, workdir: Path) -> Process:
+def start_mlx_lm_server(model_dir: Path, workdir: Path, blas_path: str) -> Process:
+    """mlx_lm.server with `blas_path` (our runner's library) preloaded."""
     port = free_port()
     hf_cache = Path(tempfile.mkdtemp(prefix="hf-cache-", dir=workdir))
     p = _spawn("mlx_lm.server", [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir),
                                  "--port", str(port), "--log-level", "WARNING"],
-               f"http://127.0.0.1:{port}", child_env(HF_HUB_CACHE=str(hf_cache)), workdir)
+               f"http://127.0.0.1:{port}", child_env(blas_path, HF_HUB_CACHE=str(hf_cache)),
+               workdir)
     wait_until(p, "/v1/models", lambda r: True)
     p.extra["model"] = str(model_dir)
     return p
@@ -117,5 +122,7 @@ def start_supervisor(model_dir: Path, workdir: Path, num_parallel: int,
             p.stop()
             raise RuntimeError(f"could not import the model into mlxr serve: {lines[-500:]}")
         http.post("/api/generate", json={"model": model, "keep_alive": -1}).raise_for_status()
+        [running] = http.get("/api/ps").json()["models"]
     p.extra["model"] = model
+    p.extra["blas"] = running["blas"]
     return p

@@ -71,26 +71,28 @@ def weight_bytes(model_dir: Path) -> int:
     return sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
 
 
-def mlx_lm_generate_tok_s(model_dir: Path, prompt: str, gen_tokens: int) -> float:
-    """mlx_lm.generate's own reported generation speed, in a fresh process."""
+def mlx_lm_generate_tok_s(model_dir: Path, prompt: str, gen_tokens: int, blas_path: str) -> float:
+    """mlx_lm.generate's own reported generation speed, in a fresh process with `blas_path`
+    (our runner's library) preloaded."""
     out = subprocess.run(
         [sys.executable, "-m", "mlx_lm", "generate", "--model", str(model_dir), "--prompt",
          prompt, "--max-tokens", str(gen_tokens), "--temp", "0", "--ignore-chat-template"],
-        env=peers.child_env(), capture_output=True, text=True, timeout=600)
+        env=peers.child_env(blas_path), capture_output=True, text=True, timeout=600)
     match = re.search(r"Generation:\s*\d+ tokens,\s*([\d.]+) tokens-per-sec", out.stdout)
     if not match:
         raise RuntimeError(f"could not read mlx_lm.generate's speed:\n{out.stdout}\n{out.stderr}")
     return float(match.group(1))
 
 
-async def single_stream(target, tokenizer, model_dir: Path, gen_tokens: int = 256) -> dict:
+async def single_stream(target, tokenizer, model_dir: Path, blas_path: str,
+                        gen_tokens: int = 256) -> dict:
     """Decode tokens/s of one greedy stream, against mlx_lm.generate and the roofline."""
     prompt = make_prompts(tokenizer, 1, 32, seed=60_000)[0]
     async with httpx.AsyncClient(timeout=600) as client:
         await _one(target, client, prompt, 16)  # warm up
         record = await _one(target, client, prompt + " again", gen_tokens)
     ours = (record.num_tokens - 1) / (record.end_s - record.token_times_s[0])
-    peer = mlx_lm_generate_tok_s(model_dir, prompt, gen_tokens)
+    peer = mlx_lm_generate_tok_s(model_dir, prompt, gen_tokens, blas_path)
     bandwidth = measure_bandwidth_gb_s()
     roofline = bandwidth * 1e9 / weight_bytes(model_dir)
     return {"ours_tok_s": ours, "mlx_lm_generate_tok_s": peer, "ratio": ours / peer,

@@ -11,6 +11,8 @@ with per-model overrides under "models" (keyed by model name, e.g. "a:latest"):
                default: " w0 w1 w2 ..." one word per token
     fail_load  report status "error" with this message instead of loading
     exit_on_start  write this to stderr and exit with code 3 before serving
+    signal_on_start  die from this signal (a name: "SIGILL") before serving, as a runner does
+               whose BLAS was built for another CPU
 
 Token ids: one per character (its code point). Generation stops with done_reason "length" at
 num_predict (16 if unset), or "stop" at the end of `output`.
@@ -22,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -114,6 +117,8 @@ def main() -> None:
     if knobs(config.model_name).get("exit_on_start"):
         print(knobs(config.model_name)["exit_on_start"], file=sys.stderr, flush=True)
         sys.exit(3)
+    if knobs(config.model_name).get("signal_on_start"):
+        os.kill(os.getpid(), signal.Signals[knobs(config.model_name)["signal_on_start"]])
     if config.watch_stdin:
         def watch() -> None:
             while sys.stdin.buffer.read(1 << 16):

@@ -69,10 +69,10 @@ def test_runner_killed_mid_stream(tmp_path, subprocess_env, fake_model_dir):
             for _ in stream:
                 pass
         assert time.monotonic() - killed < 1.0
-        assert "stopped unexpectedly" in info.value.error
+        assert "was killed by SIGKILL (killed) while serving" in info.value.error
         thread.join(5)
         assert errors and errors[0][1] - killed < 1.0
-        assert "stopped unexpectedly" in errors[0][0]
+        assert "was killed by SIGKILL" in errors[0][0]
 
         reply = client.generate(model="a", prompt="again", options={"num_predict": 3})
         assert reply.done_reason == "length" and reply.eval_count == 3
@@ -124,9 +124,10 @@ def test_client_disconnect_releases_the_runner(tmp_path, subprocess_env, fake_mo
 
 def test_load_failures_carry_the_runner_message(tmp_path, subprocess_env, fake_model_dir):
     knobs = {"models": {"bad:latest": {"fail_load": "weights are corrupt"},
-                        "dies:latest": {"exit_on_start": "fatal: out of cheese"}}}
-    server, client = serve(tmp_path, subprocess_env, fake_model_dir, models=("bad", "dies"),
-                           knobs=knobs)
+                        "dies:latest": {"exit_on_start": "fatal: out of cheese"},
+                        "sigill:latest": {"signal_on_start": "SIGILL"}}}
+    server, client = serve(tmp_path, subprocess_env, fake_model_dir,
+                           models=("bad", "dies", "sigill"), knobs=knobs)
     try:
         with pytest.raises(ollama.ResponseError) as info:
             client.generate(model="bad", prompt="hi")
@@ -134,7 +135,14 @@ def test_load_failures_carry_the_runner_message(tmp_path, subprocess_env, fake_m
         with pytest.raises(ollama.ResponseError) as info:
             client.chat(model="dies", messages=[{"role": "user", "content": "hi"}])
         assert info.value.status_code == 500
-        assert "out of cheese" in info.value.error and "exit code 3" in info.value.error
+        assert "out of cheese" in info.value.error
+        assert "runner for dies:latest exited with code 3 while loading" in info.value.error
+        with pytest.raises(ollama.ResponseError) as info:
+            client.generate(model="sigill", prompt="hi")
+        assert info.value.status_code == 500
+        assert ("runner for sigill:latest was killed by SIGILL (illegal instruction) while "
+                "loading; this CPU cannot run an instruction") in info.value.error
+        assert "-4" not in info.value.error
         assert client.ps().models == []
     finally:
         server.stop()
