@@ -26,6 +26,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from runner.batch_cache import append_row
 from runner.host_head import MAX_ROWS as HOST_HEAD_MAX_ROWS, HostHead
+from runner.transposed_head import TransposedHead
 from runner.prefix_cache import PrefixCache
 from runner.request import Sequence
 from runner.sampling import SampleOutput, sample
@@ -74,6 +75,10 @@ class ModelStep:
         self.model = model
         self.split = split_model(model)
         self.host_head = HostHead.find(model, self.split.head) if self.split.body else None
+        # The head for more rows than the host head takes: MLX's, or a transposed copy of its
+        # weight where that is faster on this CPU.
+        self.device_head = self.split.head and (
+            TransposedHead.find(model, self.split.head) or self.split.head)
         self.prefix_cache = prefix_cache
         self._detok_top = detok_top  # token id -> text, for top_logprobs
         self.rows: list[Sequence] = []
@@ -175,11 +180,7 @@ class ModelStep:
             touched += caches
             inputs = mx.array([seq.all_tokens[chunk.start:chunk.end]], dtype=mx.int32)
             if chunk.is_last:
-                if self.split.body is not None:
-                    logits = self._head(self.split.body(inputs, cache=caches)[:, -1, :])
-                else:
-                    logits = self.model(inputs, cache=caches)[:, -1, :]
-                outputs.append(([seq], self._sample(logits, [seq])))
+                outputs.append(([seq], self._sample(self._logits(inputs, caches), [seq])))
             elif self.split.body is not None:
                 self.split.body(inputs, cache=caches)
             else:
@@ -206,10 +207,7 @@ class ModelStep:
                     _select(ahead.out, pick)
             self._drop_ahead()
         inputs = mx.array([[s.output_tokens[-1]] for s in self.rows], dtype=mx.int32)
-        if self._host_head_for(len(self.rows)):
-            logits = self._head(self.split.body(inputs, cache=self.batch)[:, -1, :])
-        else:
-            logits = self.model(inputs, cache=self.batch)[:, -1, :]
+        logits = self._logits(inputs, self.batch)
         self._prepare_hooks(logits, self.rows)
         return self._sample(logits, self.rows)
 
@@ -221,8 +219,7 @@ class ModelStep:
                 self._host_head_for(len(self.rows)) or \
                 not all(c.is_trimmable() for c in self.batch):
             return
-        logits = self.model(out.tokens[:, None], cache=self.batch)[:, -1, :]
-        nxt = self._sample(logits, self.rows)
+        nxt = self._sample(self._logits(out.tokens[:, None], self.batch), self.rows)
         mx.async_eval([a for a in (nxt.tokens, nxt.logprobs, nxt.top_ids, nxt.top_logprobs)
                        if a is not None])
         self._ahead = _Ahead(list(self.rows), nxt)
@@ -230,11 +227,14 @@ class ModelStep:
     def _host_head_for(self, rows: int) -> bool:
         return self.host_head is not None and rows <= HOST_HEAD_MAX_ROWS
 
-    def _head(self, hidden: mx.array) -> mx.array:
-        """Logits (B, V) from the last hidden states (B, D)."""
+    def _logits(self, inputs: mx.array, cache: list[Any]) -> mx.array:
+        """Logits (B, V) for the last position of each row of `inputs` (B, L)."""
+        if self.split.body is None:
+            return self.model(inputs, cache=cache)[:, -1, :]
+        hidden = self.split.body(inputs, cache=cache)[:, -1, :]
         if self._host_head_for(hidden.shape[0]):
             return self.host_head(hidden)
-        return self.split.head(hidden)
+        return self.device_head(hidden)
 
     def _drop_ahead(self) -> None:
         """Undo the position the step ahead appended to the batch cache."""

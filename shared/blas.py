@@ -11,7 +11,7 @@ Invariants:
   MLX's float32/float64 matmuls and the library's sgemv against numpy.
 - Verdicts are cached per library file (path, size, mtime), CPU (model name and flags) and
   MLX version, so a new CPU, library or MLX is probed again.
-- The fastest passing candidate wins (the batch-16 head product, within 5% the earlier in
+- The fastest passing candidate wins (the decode head at 4-16 rows, within 5% the earlier in
   `candidates` order, newest OpenBLAS first); a library named by
   MLXR_OPENBLAS wins whenever it passes, and when it fails the others are tried.
 - Nothing is preloaded off Linux, or where MLX does not run on the CPU (mlx[cuda]).
@@ -62,7 +62,7 @@ class Verdict:
     reason: str
     config: str = ""  # openblas_get_config()
     device: str = ""  # MLX's default device in the probe ("cpu", "gpu")
-    head_ms: float = 0.0  # batch-16 head product through MLX
+    head_ms: float = 0.0  # the decode head through MLX, mean over 4, 8 and 16 rows
     gemv_ms: float = 0.0  # one head row through the library's sgemv
 
     @classmethod

@@ -1,10 +1,13 @@
-"""The decode head as BLAS matrix-vector products (runner/host_head.py)."""
+"""The CPU decode heads: BLAS matrix-vector products (runner/host_head.py) and the product
+against a transposed copy of the weight (runner/transposed_head.py)."""
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.utils import load
 
+from runner import transposed_head
 from runner.host_head import HostHead
+from runner.transposed_head import TransposedHead
 from runner.model_step import split_model
 from shared.blas import choose
 from shared.config import Settings
@@ -36,3 +39,30 @@ def test_no_host_head_for_a_quantized_head(tiny_model):
     model, _ = load(str(tiny_model))
     nn.quantize(model, group_size=32, bits=8)
     assert HostHead.find(model, split_model(model).head, probed_blas()) is None
+
+
+def test_the_transposed_head_gives_the_model_head_logits(tiny_model):
+    model, _ = load(str(tiny_model))
+    split = split_model(model)
+    head = TransposedHead(model.lm_head.weight)
+    assert head.weight_t.shape == tuple(reversed(model.lm_head.weight.shape))
+    hidden = model.model(mx.array([[5, 17, 300, 41, 7, 9]]))[0]
+    ours, theirs = head(hidden), split.head(hidden)
+    assert mx.allclose(ours, theirs, rtol=1e-4, atol=1e-5).item()
+    assert mx.argmax(ours, axis=-1).tolist() == mx.argmax(theirs, axis=-1).tolist()
+
+
+def test_the_transposed_head_is_kept_only_where_it_is_faster(tiny_model, monkeypatch):
+    model, _ = load(str(tiny_model))
+    split = split_model(model)
+    timings = {}
+    monkeypatch.setattr(transposed_head, "_median_ms",
+                        lambda head, probe: timings["ours" if isinstance(head, TransposedHead)
+                                                    else "theirs"])
+    timings.update(ours=8.0, theirs=10.0)
+    assert isinstance(TransposedHead.find(model, split.head), TransposedHead)
+    timings.update(ours=9.5, theirs=10.0)  # under the 10% it must win by
+    assert TransposedHead.find(model, split.head) is None
+    nn.quantize(model, group_size=32, bits=8)
+    timings.update(ours=1.0, theirs=10.0)
+    assert TransposedHead.find(model, split_model(model).head) is None

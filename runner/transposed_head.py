@@ -1,0 +1,64 @@
+"""The decode head against a (hidden, vocab) copy of its weight, where that is faster.
+
+`nn.Linear` computes `x @ W.T` with W stored (vocab, hidden), which MLX's CPU backend hands
+to `cblas_sgemm` as a transposed operand. On an AMD EPYC (Zen 3, OpenBLAS 0.3.21) the same
+product against a contiguous transposed copy took 12 ms instead of 15.5 ms for 16 rows and
+15 ms instead of 20 ms for 4-8 rows (docs/PERFORMANCE.md): packing a transposed operand costs
+OpenBLAS more. Whether it pays depends on the CPU and the library, so the runner times both
+on its own weight at load and keeps the copy only where it wins by at least 10%.
+
+Used only on the CPU with a plain float32 head (as runner/host_head.py), and only when the
+copy gives the model head's logits on a probe. It costs one more copy of the head weight.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import mlx.core as mx
+
+from runner.host_head import _head_weight
+
+log = logging.getLogger("mlxr.runner")
+
+MIN_GAIN = 0.10
+_PROBE_ROWS = 8
+
+
+class TransposedHead:
+    def __init__(self, weight: mx.array):
+        self.weight_t = mx.contiguous(weight.T)
+        mx.eval(self.weight_t)
+
+    @classmethod
+    def find(cls, model, mlx_head: Callable[[mx.array], mx.array] | None,
+             ) -> "TransposedHead | None":
+        if mlx_head is None or mx.default_device() != mx.cpu:
+            return None
+        weight = _head_weight(model)
+        if weight is None:
+            return None
+        head = cls(weight)
+        probe = mx.random.normal((_PROBE_ROWS, weight.shape[1]), key=mx.random.key(0))
+        if not mx.allclose(head(probe), mlx_head(probe), rtol=1e-4, atol=1e-4).item():
+            log.info("the transposed head does not match the model's head; not using it")
+            return None
+        ours, theirs = _median_ms(head, probe), _median_ms(mlx_head, probe)
+        log.info("decode head: transposed weight %.1f ms, as stored %.1f ms (%d rows)",
+                 ours, theirs, _PROBE_ROWS)
+        return head if ours <= theirs * (1 - MIN_GAIN) else None
+
+    def __call__(self, hidden: mx.array) -> mx.array:
+        return hidden @ self.weight_t
+
+
+def _median_ms(head: Callable[[mx.array], mx.array], probe: mx.array, repeats: int = 5) -> float:
+    mx.eval(head(probe))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mx.eval(head(probe))
+        times.append(time.perf_counter() - start)
+    return 1000 * sorted(times)[repeats // 2]
