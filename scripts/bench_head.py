@@ -1,5 +1,6 @@
-"""The decode head for a few rows: MLX's matmul (sgemm) against the runner's BLAS
-matrix-vector head (runner/host_head.py), alone and as part of a whole greedy token.
+"""The decode head: MLX's matmul (sgemm) on the weight as stored, on a transposed copy
+(runner/transposed_head.py), and the runner's BLAS matrix-vector head for a few rows
+(runner/host_head.py), alone and (for 1-3 rows) as part of a whole greedy token.
 
     LD_PRELOAD=$(.venv/bin/python -m shared.blas --path) \
         PYTHONPATH=. .venv/bin/python scripts/bench_head.py --model ~/.cache/mlxr-bench/random-small
@@ -17,7 +18,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load
 
-from runner.host_head import MAX_ROWS, HostHead
+from runner.host_head import MAX_ROWS, HostHead, _head_weight
+from runner.transposed_head import TransposedHead
 from runner.model_step import split_model
 from runner.sampling import argmax_rows
 from shared.blas import loaded_blas
@@ -44,10 +46,11 @@ def main() -> None:
     host = HostHead.find(model, split.head)
     if host is None:
         raise SystemExit("no BLAS head for this model here (needs OpenBLAS and a float32 head)")
-    print("| rows | MLX head ms | BLAS head ms | greedy token, MLX head ms "
+    transposed = TransposedHead(_head_weight(model))
+    print("| rows | MLX head ms | transposed head ms | BLAS head ms | greedy token, MLX head ms "
           "| greedy token, BLAS head ms |")
-    print("|---|---|---|---|---|")
-    for rows in range(1, MAX_ROWS + 2):
+    print("|---|---|---|---|---|---|")
+    for rows in (1, 2, 3, 4, 8, 16):
         caches = make_prompt_cache(model)
         model(mx.array([list(range(1, args.context + 1))]), cache=caches)
         cache = [type(c).merge([c] * rows) for c in caches]
@@ -63,10 +66,12 @@ def main() -> None:
                 return out
             return run
 
-        assert token(host)() == token(split.head)(), "the heads disagree"
+        assert token(host)() == token(split.head)() == token(transposed)(), "the heads disagree"
+        tokens = f"{timed(token(split.head)):.2f} | {timed(token(host)):.2f}" \
+            if rows <= MAX_ROWS + 1 else "- | -"
         print(f"| {rows} | {timed(lambda: mx.eval(split.head(hidden))):.2f} "
-              f"| {timed(lambda: host(hidden)):.2f} | {timed(token(split.head)):.2f} "
-              f"| {timed(token(host)):.2f} |")
+              f"| {timed(lambda: mx.eval(transposed(hidden))):.2f} "
+              f"| {timed(lambda: host(hidden)):.2f} | {tokens} |")
 
 
 if __name__ == "__main__":
