@@ -1,4 +1,4 @@
-"""`python -m runner --model DIR --port P` (or `--config JSON`): serve one model."""
+"""`python -m mlxr.runner --model DIR --port P` (or `--config JSON`): serve one model."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import signal
 import sys
 import threading
 
-from shared.blas import choose
-from shared.config import RunnerConfig, Settings
+from mlxr.shared.blas import choose
+from mlxr.shared.config import RunnerConfig, Settings
 
 
 def parse_config(argv: list[str]) -> RunnerConfig:
-    parser = argparse.ArgumentParser(prog="python -m runner", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m mlxr.runner", description=__doc__)
     parser.add_argument("--config", help="all settings as one JSON object (RunnerConfig)")
     parser.add_argument("--model", help="model directory (config.json, *.safetensors, tokenizer)")
     parser.add_argument("--host", default=None)
@@ -54,7 +54,7 @@ def _preload_blas(config: RunnerConfig) -> None:
     if not path or path in os.environ.get("LD_PRELOAD", "").split():
         return  # nothing passed its probe, or the supervisor preloaded it already
     env = dict(os.environ, LD_PRELOAD=" ".join(p for p in (path, os.environ.get("LD_PRELOAD")) if p))
-    os.execve(sys.executable, [sys.executable, "-m", "runner", *sys.argv[1:]], env)
+    os.execve(sys.executable, [sys.executable, "-m", "mlxr.runner", *sys.argv[1:]], env)
 
 
 def _die_with_parent(watch_stdin: bool) -> None:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
                         format="%(asctime)s runner %(levelname)s %(message)s")
     from aiohttp import web
 
-    from runner.server import make_app
+    from mlxr.runner.server import make_app
 
     app = make_app(config)
 

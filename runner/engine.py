@@ -19,14 +19,14 @@ from typing import Any, Callable
 
 import psutil
 
-from shared.blas import loaded_blas
-from shared.config import RunnerConfig
-from shared.protocol import Chunk, RunnerStatus, error_line
-from runner.prefix_cache import PrefixCache
-from runner.request import Sequence, SeqStatus
-from runner.sampling import Sampler
-from runner.scheduler import Scheduler, SchedulerConfig, StepResult
-from runner.text_stream import TextStream
+from mlxr.shared.blas import loaded_blas
+from mlxr.shared.config import RunnerConfig
+from mlxr.shared.protocol import Chunk, RunnerStatus, error_line
+from mlxr.runner.prefix_cache import PrefixCache
+from mlxr.runner.request import Sequence, SeqStatus
+from mlxr.runner.sampling import Sampler
+from mlxr.runner.scheduler import Scheduler, SchedulerConfig, StepResult
+from mlxr.runner.text_stream import TextStream
 
 log = logging.getLogger("mlxr.runner")
 
@@ -135,8 +135,8 @@ class Engine:
     def _load(self) -> None:
         from mlx_lm.utils import load
 
-        from runner.embeddings import LMEmbedder, is_encoder_dir, load_encoder_embedder
-        from runner.model_step import ModelStep
+        from mlxr.runner.embed.embeddings import LMEmbedder, is_encoder_dir, load_encoder_embedder
+        from mlxr.runner.model_step import ModelStep
 
         if is_encoder_dir(self.config.model_dir):
             emb = load_encoder_embedder(self.config.model_dir, self.config.context_length)

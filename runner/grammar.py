@@ -27,7 +27,7 @@ from typing import Any
 import llguidance as llg
 import numpy as np
 
-from shared.errors import InvalidRequest
+from mlxr.shared.errors import InvalidRequest
 
 log = logging.getLogger("mlxr.runner")
 

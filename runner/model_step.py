@@ -24,13 +24,13 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
-from runner.batch_cache import append_row
-from runner.host_head import MAX_ROWS as HOST_HEAD_MAX_ROWS, HostHead
-from runner.transposed_head import TransposedHead
-from runner.prefix_cache import PrefixCache
-from runner.request import Sequence
-from runner.sampling import SampleOutput, sample
-from runner.scheduler import StepPlan, StepResult
+from mlxr.runner.batch_cache import append_row
+from mlxr.runner.host_head import MAX_ROWS as HOST_HEAD_MAX_ROWS, HostHead
+from mlxr.runner.transposed_head import TransposedHead
+from mlxr.runner.prefix_cache import PrefixCache
+from mlxr.runner.request import Sequence
+from mlxr.runner.sampling import SampleOutput, sample
+from mlxr.runner.scheduler import StepPlan, StepResult
 
 log = logging.getLogger("mlxr.runner")
 

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from shared.protocol import Options
+from mlxr.shared.protocol import Options
 
 
 class SeqStatus(enum.IntEnum):

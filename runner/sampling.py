@@ -18,7 +18,7 @@ from typing import Callable, Sequence as Seq
 import mlx.core as mx
 import numpy as np
 
-from shared.protocol import Options
+from mlxr.shared.protocol import Options
 
 # Rows with top_k above this (or top_k <= 0) sample from the whole vocabulary.
 MAX_TOP_K = 1024

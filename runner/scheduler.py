@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from runner.request import Sequence, SeqStatus
+from mlxr.runner.request import Sequence, SeqStatus
 
 
 @dataclass(slots=True)

@@ -11,13 +11,13 @@ from typing import Any
 
 from aiohttp import web
 
-from shared.config import RunnerConfig
-from shared.errors import ContextOverflow, InvalidRequest, MlxrError, ServerBusy
-from shared.ndjson import dumps_line
-from shared.protocol import CompletionRequest, EmbedRequest
-from runner.embeddings import embed
-from runner.engine import Engine
-from runner.grammar import make_grammar
+from mlxr.shared.config import RunnerConfig
+from mlxr.shared.errors import ContextOverflow, InvalidRequest, MlxrError, ServerBusy
+from mlxr.shared.ndjson import dumps_line
+from mlxr.shared.protocol import CompletionRequest, EmbedRequest
+from mlxr.runner.embed.embeddings import embed
+from mlxr.runner.engine import Engine
+from mlxr.runner.grammar import make_grammar
 
 log = logging.getLogger("mlxr.runner")
 

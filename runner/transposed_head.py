@@ -19,7 +19,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from runner.host_head import _head_weight
+from mlxr.runner.host_head import _head_weight
 
 log = logging.getLogger("mlxr.runner")
 

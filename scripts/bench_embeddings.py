@@ -39,7 +39,7 @@ def start_runner(model: str) -> tuple[str, subprocess.Popen]:
         port = s.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     config = {"model_dir": model, "port": port, "watch_stdin": True}
-    proc = subprocess.Popen([sys.executable, "-m", "runner", "--config", json.dumps(config)],
+    proc = subprocess.Popen([sys.executable, "-m", "mlxr.runner", "--config", json.dumps(config)],
                             env=env, stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

@@ -2,7 +2,7 @@
 (runner/transposed_head.py), and the runner's BLAS matrix-vector head for a few rows
 (runner/host_head.py), alone and (for 1-3 rows) as part of a whole greedy token.
 
-    LD_PRELOAD=$(.venv/bin/python -m shared.blas --path) \
+    LD_PRELOAD=$(.venv/bin/python -m mlxr.shared.blas --path) \
         PYTHONPATH=. .venv/bin/python scripts/bench_head.py --model ~/.cache/mlxr-bench/random-small
 
 Prints medians in milliseconds, and checks that both heads pick the same token.
@@ -18,11 +18,11 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load
 
-from runner.host_head import MAX_ROWS, HostHead, _head_weight
-from runner.transposed_head import TransposedHead
-from runner.model_step import split_model
-from runner.sampling import argmax_rows
-from shared.blas import loaded_blas
+from mlxr.runner.host_head import MAX_ROWS, HostHead, _head_weight
+from mlxr.runner.transposed_head import TransposedHead
+from mlxr.runner.model_step import split_model
+from mlxr.runner.sampling import argmax_rows
+from mlxr.shared.blas import loaded_blas
 
 
 def timed(fn, repeats: int = 40) -> float:

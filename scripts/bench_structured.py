@@ -26,8 +26,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervisor.benchmark.peers import start_runner  # noqa: E402
-from supervisor.registry.random_model import write_random_model  # noqa: E402
+from mlxr.supervisor.bench.peers import start_runner  # noqa: E402
+from mlxr.supervisor.store.random_model import write_random_model  # noqa: E402
 
 SCHEMA = {  # documents of about 150-400 tokens from the random model
     "type": "object",

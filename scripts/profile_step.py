@@ -5,7 +5,7 @@ selection; Ollama-default sampling with a full-vocabulary partition (the obvious
 the block top-k the runner uses; log-probabilities; and the host work per token (streaming
 detokenization). Run with the OpenBLAS the runner preloads on Linux CPU:
 
-    LD_PRELOAD=$(.venv/bin/python -m shared.blas --path) \
+    LD_PRELOAD=$(.venv/bin/python -m mlxr.shared.blas --path) \
         .venv/bin/python scripts/profile_step.py --model ~/.cache/mlxr-bench/random-small
 """
 
@@ -19,12 +19,12 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load
 
-from runner.host_head import MAX_ROWS, HostHead
-from runner.model_step import split_model
-from runner.sampling import Sampler, sample
-from runner.text_stream import TextStream
-from shared.blas import loaded_blas
-from shared.protocol import Options
+from mlxr.runner.host_head import MAX_ROWS, HostHead
+from mlxr.runner.model_step import split_model
+from mlxr.runner.sampling import Sampler, sample
+from mlxr.runner.text_stream import TextStream
+from mlxr.shared.blas import loaded_blas
+from mlxr.shared.protocol import Options
 
 
 def timed(fn, repeats: int = 30) -> float:

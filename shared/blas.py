@@ -7,7 +7,7 @@ SKYLAKEX-only build, and any sgemm through it is SIGILL on a CPU without AVX-512
 
 Invariants:
 - No real process (a runner, a test, a benchmark peer) preloads a library that has not
-  passed a probe on this CPU: `python -m shared.blas_probe` under LD_PRELOAD, which runs
+  passed a probe on this CPU: `python -m mlxr.shared.blas_probe` under LD_PRELOAD, which runs
   MLX's float32/float64 matmuls and the library's sgemv against numpy.
 - Verdicts are cached per library file (path, size, mtime), CPU (model name and flags) and
   MLX version, so a new CPU, library or MLX is probed again.
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from shared.exits import describe_exit
+from mlxr.shared.exits import describe_exit
 
 log = logging.getLogger("mlxr.blas")
 
@@ -160,7 +160,7 @@ def probe(library: str, timeout_s: float = PROBE_TIMEOUT_S) -> Verdict:
     env = dict(os.environ, LD_PRELOAD=library)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH")) if p)
     try:
-        done = subprocess.run([sys.executable, "-m", "shared.blas_probe"], env=env,
+        done = subprocess.run([sys.executable, "-m", "mlxr.shared.blas_probe"], env=env,
                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -325,9 +325,9 @@ class _DlInfo(ctypes.Structure):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m shared.blas [--path] [--reprobe]`: the choice for this machine (scripts
+    """`python -m mlxr.shared.blas [--path] [--reprobe]`: the choice for this machine (scripts
     preload `--path`'s output); the settings come from the environment as the server's do."""
-    from shared.config import Settings
+    from mlxr.shared.config import Settings
 
     args = sys.argv[1:] if argv is None else argv
     settings = Settings.from_env()

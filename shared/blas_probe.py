@@ -1,4 +1,4 @@
-"""`python -m shared.blas_probe`: run under LD_PRELOAD=<library>, try MLX's matmuls and the
+"""`python -m mlxr.shared.blas_probe`: run under LD_PRELOAD=<library>, try MLX's matmuls and the
 library's sgemv against numpy, time LM-head-sized products, print one JSON line.
 
 shared/blas.py starts this in a throwaway process for each candidate library, so a library

@@ -1,7 +1,7 @@
 """Settings, read from the environment once. Nothing else reads os.environ.
 
 `Settings` is the supervisor's; `RunnerConfig` is what the supervisor hands a runner (as one
-JSON argument) and what `python -m runner` builds from its flags.
+JSON argument) and what `python -m mlxr.runner` builds from its flags.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from shared.errors import InvalidRequest
+from mlxr.shared.errors import InvalidRequest
 
 DEFAULT_PORT = 11434
 
@@ -96,7 +96,7 @@ class Settings:
     cache_dir: Path = Path.home() / ".cache" / "mlxr"  # BLAS probe verdicts, the built shim
     debug: bool = False
     # The module started as `python -m <runner_module>`; tests point it at a fake runner.
-    runner_module: str = "runner"
+    runner_module: str = "mlxr.runner"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.errors import InvalidRequest
+from mlxr.shared.errors import InvalidRequest
 
 # Ollama's sampling defaults (api/types.go DefaultOptions). Penalties are off unless asked
 # for, as in Ollama's own newer engines.

@@ -10,14 +10,14 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from shared.config import Settings
-from shared.errors import Unauthorized
-from supervisor.handlers_ollama import SERVICE, VERSION, add_ollama_routes
-from supervisor.http_errors import error_middleware
-from supervisor.metrics import CONTENT_TYPE, Metrics
-from supervisor.runner_client import BlasSelection, make_runner_factory
-from supervisor.runner_manager import Clock, RunnerManager
-from supervisor.service import Service
+from mlxr.shared.config import Settings
+from mlxr.shared.errors import Unauthorized
+from mlxr.supervisor.api.ollama import SERVICE, VERSION, add_ollama_routes
+from mlxr.supervisor.api.middleware import error_middleware
+from mlxr.supervisor.metrics import CONTENT_TYPE, Metrics
+from mlxr.supervisor.runners.client import BlasSelection, make_runner_factory
+from mlxr.supervisor.runners.manager import Clock, RunnerManager
+from mlxr.supervisor.inference.service import Service
 
 log = logging.getLogger("mlxr.app")
 
@@ -28,7 +28,7 @@ OPEN_PATHS = ("/", "/api/version", "/metrics")
 
 
 def version() -> str:
-    from supervisor.cli import version as cli_version
+    from mlxr.supervisor.cli.main import version as cli_version
     return cli_version()
 
 
@@ -38,7 +38,7 @@ def make_app(settings: Settings, *, store: Any = None,
              available_memory: Callable[[], int] | None = None) -> web.Application:
     """Everything is built from `settings`; collaborators can be swapped for tests."""
     if store is None:
-        from supervisor.registry.store import Store
+        from mlxr.supervisor.store.store import Store
         store = Store(settings.models_dir)
     metrics = Metrics()
     kwargs: dict[str, Any] = {"clock": clock}
@@ -81,12 +81,12 @@ def make_app(settings: Settings, *, store: Any = None,
 def _add_optional_routes(app: web.Application, store: Any) -> None:
     """The store's and OpenAI's routes live in their own modules."""
     try:
-        from supervisor.handlers_store import add_store_routes
+        from mlxr.supervisor.api.store import add_store_routes
         add_store_routes(app, store)
     except ImportError as exc:
         log.warning("model store routes unavailable: %s", exc)
     try:
-        from supervisor.handlers_openai import add_openai_routes
+        from mlxr.supervisor.api.openai import add_openai_routes
         add_openai_routes(app)
     except ImportError as exc:
         log.warning("OpenAI routes unavailable: %s", exc)

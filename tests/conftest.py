@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.registry.random_model import write_random_model
+from mlxr.supervisor.store.random_model import write_random_model
 
 ROOT = Path(__file__).resolve().parent.parent
 

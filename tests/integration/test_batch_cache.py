@@ -4,7 +4,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.utils import load
 
-from runner.batch_cache import append_row
+from mlxr.runner.batch_cache import append_row
 
 
 def prompt_cache(model, tokens):

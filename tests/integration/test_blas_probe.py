@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.blas import choose, probe
-from tests.fakes.server import serving
+from mlxr.shared.blas import choose, probe
+from tests.harness.server import serving
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from tests.fakes.server import free_port, start_server, write_fake_model
+from tests.harness.server import free_port, start_server, write_fake_model
 
 pytestmark = pytest.mark.timeout(180)
-MLXR = [sys.executable, "-m", "supervisor.cli"]
+MLXR = [sys.executable, "-m", "mlxr.supervisor.cli"]
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ def test_create_from_a_directory_uploads_its_files_as_blobs(tiny, mlxr, workdir,
 
 
 def test_push_and_pull_through_a_real_registry(tiny, mlxr, workdir, tmp_path):
-    from tests.integration.registry_fixture import start_registry
+    from tests.harness.registry import start_registry
 
     write_fake_model(workdir / "fake")  # small files: a quick round trip
     ok(mlxr("create", "small-fake", "--from", "fake"))

@@ -15,7 +15,7 @@ import ollama
 import openai
 import pytest
 
-from tests.fakes.server import serving
+from tests.harness.server import serving
 
 pytestmark = pytest.mark.timeout(180)
 REFERENCE = Path(__file__).resolve().parent.parent / "fixtures/embeddings/minilm_reference.json"

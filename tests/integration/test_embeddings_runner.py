@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.integration.test_runner import WORDS
-from tests.runner_process import running
+from tests.harness.runner_process import running
 
 REFERENCE = Path(__file__).resolve().parent.parent / "fixtures/embeddings/minilm_reference.json"
 

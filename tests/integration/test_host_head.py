@@ -5,12 +5,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.utils import load
 
-from runner import transposed_head
-from runner.host_head import HostHead
-from runner.transposed_head import TransposedHead
-from runner.model_step import split_model
-from shared.blas import choose
-from shared.config import Settings
+from mlxr.runner import transposed_head
+from mlxr.runner.host_head import HostHead
+from mlxr.runner.transposed_head import TransposedHead
+from mlxr.runner.model_step import split_model
+from mlxr.shared.blas import choose
+from mlxr.shared.config import Settings
 
 
 def probed_blas() -> str | None:

@@ -9,7 +9,7 @@ import ollama
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fakes.server import WEATHER_TOOLS, serving, wait_for
+from tests.harness.server import WEATHER_TOOLS, serving, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 GREEDY = {"temperature": 0, "num_predict": 8}
@@ -209,7 +209,7 @@ def test_cors_for_local_pages_only(server):
 
 
 def test_push_then_pull_through_a_real_registry(server, client, tmp_path):
-    from tests.integration.registry_fixture import start_registry
+    from tests.harness.registry import start_registry
 
     registry = start_registry(tmp_path / "registry")
     try:

@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from tests.fakes.server import ROOT, start_server
+from tests.harness.server import ROOT, start_server
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def mlxr(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "supervisor.cli", *args], env=env, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "mlxr.supervisor.cli", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -1,5 +1,5 @@
 """Crash, queue, load-failure, memory and lifetime behaviour of a real `mlxr serve`, with the
-fake runner (tests/fakes/fake_runner.py) so the timing is exact and nothing loads weights."""
+fake runner (tests/harness/fake_runner.py) so the timing is exact and nothing loads weights."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import ollama
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fakes.server import (kill9, pid_alive, start_server, wait_for, write_fake_model)
+from tests.harness.server import (kill9, pid_alive, start_server, wait_for, write_fake_model)
 
 pytestmark = pytest.mark.timeout(120)
-FAKE = "tests.fakes.fake_runner"
+FAKE = "tests.harness.fake_runner"
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tests.fakes.server import kill9, pid_alive, start_server, wait_for
+from tests.harness.server import kill9, pid_alive, start_server, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 OPTIONS = {"temperature": 0, "num_predict": 10}

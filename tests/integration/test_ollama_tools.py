@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.fakes.server import WEATHER_CALL, WEATHER_TOOLS, start_server, write_fake_model
+from tests.harness.server import WEATHER_CALL, WEATHER_TOOLS, start_server, write_fake_model
 
 pytestmark = pytest.mark.timeout(120)
 CALL = WEATHER_CALL
@@ -22,7 +22,7 @@ def client(tmp_path_factory, subprocess_env):
     knobs = {"models": {"caller:latest": {"output": "Checking. " + CALL},
                         "thinker:latest": {"output": "<think>\nThe user greets.\n</think>\n\n"
                                                      "Hello!"}}}
-    server = start_server(tmp, subprocess_env, MLXR_RUNNER_MODULE="tests.fakes.fake_runner",
+    server = start_server(tmp, subprocess_env, MLXR_RUNNER_MODULE="tests.harness.fake_runner",
                           FAKE_RUNNER=json.dumps(knobs))
     c = server.client()
     model_dir = write_fake_model(tmp / "model")

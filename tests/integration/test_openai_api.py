@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fakes.server import (WEATHER_CALL, WEATHER_TOOLS, kill9, serving, start_server,
+from tests.harness.server import (WEATHER_CALL, WEATHER_TOOLS, kill9, serving, start_server,
                                 write_fake_model)
 
 pytestmark = pytest.mark.timeout(180)
@@ -172,7 +172,7 @@ def test_mid_stream_error_reaches_the_client(client, server):
 
 def test_tool_call_round_trip(tmp_path, subprocess_env):
     knobs = {"models": {"caller:latest": {"output": CALL}}}
-    srv = start_server(tmp_path, subprocess_env, MLXR_RUNNER_MODULE="tests.fakes.fake_runner",
+    srv = start_server(tmp_path, subprocess_env, MLXR_RUNNER_MODULE="tests.harness.fake_runner",
                        FAKE_RUNNER=json.dumps(knobs))
     try:
         srv.client().create(model="caller", from_=str(write_fake_model(tmp_path / "m")))

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.runner_process import running
+from tests.harness.runner_process import running
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven rivers run past old mountains "
          "and clouds drift above quiet towns near the sea").split()

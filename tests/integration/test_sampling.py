@@ -5,8 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from runner.sampling import Sampler, argmax_rows, sample, top_k_candidates
-from shared.protocol import Options
+from mlxr.runner.sampling import Sampler, argmax_rows, sample, top_k_candidates
+from mlxr.shared.protocol import Options
 
 
 def test_grid_argmax_is_argmax_with_its_first_occurrence_rule():

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from shared.errors import ModelNotFound
-from supervisor.registry.store import Store
-from supervisor.registry.transfer import pull_model
-from tests.integration.registry_fixture import free_port
+from mlxr.shared.errors import ModelNotFound
+from mlxr.supervisor.store.store import Store
+from mlxr.supervisor.store.transfer import pull_model
+from tests.harness.registry import free_port
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

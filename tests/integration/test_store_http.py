@@ -13,10 +13,10 @@ import ollama
 import pytest
 from aiohttp import web
 
-from supervisor.handlers_store import add_store_routes
-from supervisor.http_errors import error_middleware
-from supervisor.registry.store import Store
-from tests.integration.registry_fixture import free_port
+from mlxr.supervisor.api.store import add_store_routes
+from mlxr.supervisor.api.middleware import error_middleware
+from mlxr.supervisor.store.store import Store
+from tests.harness.registry import free_port
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from shared.errors import InvalidRequest
-from supervisor.registry.create import CreateRequest, create_model
-from supervisor.registry.store import Store
+from mlxr.shared.errors import InvalidRequest
+from mlxr.supervisor.store.create import CreateRequest, create_model
+from mlxr.supervisor.store.store import Store
 from tests.integration.test_store_registry import greedy_tokens
 
 

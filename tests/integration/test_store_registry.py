@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.errors import ModelNotFound
-from supervisor.registry.create import CreateRequest, create_model
-from supervisor.registry.store import Store
-from supervisor.registry.transfer import pull_model, push_model
-from tests.integration.registry_fixture import Proxy, start_registry
+from mlxr.shared.errors import ModelNotFound
+from mlxr.supervisor.store.create import CreateRequest, create_model
+from mlxr.supervisor.store.store import Store
+from mlxr.supervisor.store.transfer import pull_model, push_model
+from tests.harness.registry import Proxy, start_registry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,8 +111,8 @@ def test_killed_pull_resumes_with_range(pushed, proxy, tmp_path, subprocess_env)
     partial = store.blobs.download_partial(big["digest"][7:])
     proxy.stall_after = 3 << 20
     code = ("import asyncio, sys\nfrom pathlib import Path\n"
-            "from supervisor.registry.store import Store\n"
-            "from supervisor.registry.transfer import pull_model\n"
+            "from mlxr.supervisor.store.store import Store\n"
+            "from mlxr.supervisor.store.transfer import pull_model\n"
             "async def main():\n"
             "    async for _ in pull_model(Store(Path(sys.argv[1])), sys.argv[2], insecure=True):\n"
             "        pass\n"

@@ -17,7 +17,7 @@ import ollama
 import openai
 import pytest
 
-from tests.fakes.server import serving
+from tests.harness.server import serving
 
 pytestmark = pytest.mark.timeout(180)
 

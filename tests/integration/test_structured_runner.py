@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 
 from tests.integration.test_runner import complete, greedy, sentence
-from tests.runner_process import running
+from tests.harness.runner_process import running
 
 SCHEMA = {
     "type": "object",

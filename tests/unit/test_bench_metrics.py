@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from supervisor.benchmark.metrics import RequestRecord, add_chunk, percentile, summarize
+from mlxr.supervisor.bench.metrics import RequestRecord, add_chunk, percentile, summarize
 
 
 def test_percentiles_interpolate_between_ranks():

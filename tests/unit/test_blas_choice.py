@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from shared import blas
-from shared.blas import Candidate, Verdict, choose
-from shared.exits import describe_exit
+from mlxr.shared import blas
+from mlxr.shared.blas import Candidate, Verdict, choose
+from mlxr.shared.exits import describe_exit
 
 CRASHED = Verdict(False, describe_exit(-signal.SIGILL))
 

@@ -10,8 +10,8 @@ import socket
 import httpx
 import pytest
 
-from supervisor.cli_chat import ChatSession, ReplyWriter, RunOptions, set_parameter
-from supervisor.cli_client import ApiClient, ServerError, ServerUnreachable
+from mlxr.supervisor.cli.chat import ChatSession, ReplyWriter, RunOptions, set_parameter
+from mlxr.supervisor.cli.client import ApiClient, ServerError, ServerUnreachable
 
 
 class FakeClient:

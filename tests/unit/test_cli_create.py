@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from supervisor.cli import create_request
-from supervisor.cli_client import CliError
+from mlxr.supervisor.cli.main import create_request
+from mlxr.supervisor.cli.client import CliError
 
 
 def model_dir(path):

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from supervisor.cli_format import (go_duration, human_bytes, human_number, human_time,
+from mlxr.supervisor.cli.format import (go_duration, human_bytes, human_number, human_time,
                                    metrics_summary, models_table, processor, running_table,
                                    show_info, table)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner.pooling import l2_normalize, pool, truncate_dimensions
+from mlxr.runner.embed.pooling import l2_normalize, pool, truncate_dimensions
 
 # Two rows, three positions, two features; the second row has one padded position whose
 # values are huge, so any leak of padding into a result shows.

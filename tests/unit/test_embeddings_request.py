@@ -9,9 +9,9 @@ import concurrent.futures
 import numpy as np
 import pytest
 
-from shared.errors import ContextOverflow, InvalidRequest
-from shared.protocol import MAX_EMBED_INPUTS, EmbedRequest, EmbedResponse
-from runner.embeddings import embed, pad_batch, plan_batches
+from mlxr.shared.errors import ContextOverflow, InvalidRequest
+from mlxr.shared.protocol import MAX_EMBED_INPUTS, EmbedRequest, EmbedResponse
+from mlxr.runner.embed.embeddings import embed, pad_batch, plan_batches
 
 
 class FakeEmbedder:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tokenizers
 
-from runner.grammar import GrammarCompiler, GrammarProcessor, compiler_for, grammar_text
-from shared.assets import write_qwen3_tokenizer
-from shared.errors import InvalidRequest
+from mlxr.runner.grammar import GrammarCompiler, GrammarProcessor, compiler_for, grammar_text
+from mlxr.shared.assets import write_qwen3_tokenizer
+from mlxr.shared.errors import InvalidRequest
 
 VOCAB = 151680  # the Qwen3 models' logits width (the tokenizer has 151,669 tokens)
 EOS = (151643, 151645)

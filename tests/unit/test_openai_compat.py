@@ -1,7 +1,7 @@
 import pytest
 
-from shared.errors import InvalidRequest
-from supervisor import openai_compat as oa
+from mlxr.shared.errors import InvalidRequest
+from mlxr.supervisor.api import openai_compat as oa
 
 
 def test_chat_parameters_map_to_ollama_options():

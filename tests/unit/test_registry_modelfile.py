@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.errors import InvalidRequest
-from supervisor.registry.modelfile import (format_parameters, normalize_parameters,
+from mlxr.shared.errors import InvalidRequest
+from mlxr.supervisor.store.modelfile import (format_parameters, normalize_parameters,
                                            parse_modelfile, render_modelfile)
 
 MODELFILE = '''# a comment

@@ -6,8 +6,8 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from shared.errors import InvalidRequest
-from supervisor.registry.names import ModelName, name_from_manifest_path, parse_name
+from mlxr.shared.errors import InvalidRequest
+from mlxr.supervisor.store.names import ModelName, name_from_manifest_path, parse_name
 
 
 @pytest.mark.parametrize("text, parts, display", [

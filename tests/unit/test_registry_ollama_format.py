@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from shared.errors import InvalidRequest
-from supervisor.registry.manifest import Manifest
-from supervisor.registry.store import Store
+from mlxr.shared.errors import InvalidRequest
+from mlxr.supervisor.store.manifest import Manifest
+from mlxr.supervisor.store.store import Store
 
 TEMPLATE = ("<|start_header_id|>system<|end_header_id|>\n\n{{ .System }}<|eot_id|>"
             "{{ range .Messages }}{{ .Content }}{{ end }}")

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from shared.errors import InvalidRequest, ModelNotFound
-from supervisor.registry import manifest as mf
-from supervisor.registry.create import CreateRequest, create_model
-from supervisor.registry.store import CorruptModel, Store
+from mlxr.shared.errors import InvalidRequest, ModelNotFound
+from mlxr.supervisor.store import manifest as mf
+from mlxr.supervisor.store.create import CreateRequest, create_model
+from mlxr.supervisor.store.store import CorruptModel, Store
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT_TEMPLATE = "{% if tools %}tools{% endif %}{{ '<think>' }}{{ messages }}"
@@ -168,7 +168,7 @@ def test_manifest_naming_a_missing_blob_is_refused(store):
     cfg, _ = store.blobs.add_bytes(b"{}")
     m = mf.Manifest(mf.Layer(mf.MEDIA_CONFIG, f"sha256:{cfg}", 2),
                     [mf.Layer(mf.MEDIA_TENSOR, "sha256:" + "1" * 64, 5, name="w.safetensors")])
-    from supervisor.registry.names import parse_name
+    from mlxr.supervisor.store.names import parse_name
     with pytest.raises(CorruptModel, match="missing blobs"):
         store.write_manifest(parse_name("demo"), m.to_bytes())
     with pytest.raises(ModelNotFound, match='model "demo" not found, try pulling it first'):
@@ -196,7 +196,7 @@ def test_blob_writer_verifies_digest(store):
 
 
 def test_store_lock_excludes_another_process(store):
-    code = ("import sys, time; from pathlib import Path; from supervisor.registry.files "
+    code = ("import sys, time; from pathlib import Path; from mlxr.supervisor.store.files "
             "import StoreLock\nwith StoreLock(Path(sys.argv[1])).held():\n"
             "    print('locked', flush=True); time.sleep(0.6)\n")
     child = subprocess.Popen([sys.executable, "-c", code, str(store.root / ".lock")],

@@ -1,8 +1,8 @@
 """Scheduler behaviour with a fake model step: no mlx, hand-made results."""
 
-from runner.request import Sequence, SeqStatus
-from runner.scheduler import Scheduler, SchedulerConfig, StepResult
-from shared.protocol import Options
+from mlxr.runner.request import Sequence, SeqStatus
+from mlxr.runner.scheduler import Scheduler, SchedulerConfig, StepResult
+from mlxr.shared.protocol import Options
 
 EOS = 99
 
@@ -52,15 +52,13 @@ def run_step(sched, step, token=7):
 def test_scheduler_and_prefix_cache_import_no_mlx():
     import ast
 
-    import runner.prefix_cache
-    import runner.request
-    import runner.scheduler
+    from mlxr.runner import prefix_cache, request, scheduler
 
-    for mod in (runner.scheduler, runner.prefix_cache, runner.request):
+    for mod in (scheduler, prefix_cache, request):
         tree = ast.parse(open(mod.__file__).read())
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
-        assert not [n for n in names if n.startswith("mlx")], mod.__name__
+        assert not [n for n in names if n.split(".")[0] in ("mlx", "mlx_lm")], mod.__name__
 
 
 def test_long_prompt_is_prefilled_in_chunks_while_others_decode():

@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from shared.config import Settings
-from shared.errors import InvalidRequest
-from shared.protocol import Chunk
-from supervisor import openai_compat as oa
-from supervisor.app import make_app
-from supervisor.service import wire_format
-from supervisor.tool_calls import ForcedCall, ForcedCallParser, forced_call_schema
+from mlxr.shared.config import Settings
+from mlxr.shared.errors import InvalidRequest
+from mlxr.shared.protocol import Chunk
+from mlxr.supervisor.api import openai_compat as oa
+from mlxr.supervisor.app import make_app
+from mlxr.supervisor.inference.service import wire_format
+from mlxr.supervisor.inference.tool_calls import ForcedCall, ForcedCallParser, forced_call_schema
 from tests.unit.test_supervisor_service import InProcessRunner, StubStore
 
 WEATHER = {"type": "function", "function": {

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import Settings
-from shared.errors import InsufficientMemory, RunnerFailed, ServerBusy
-from shared.protocol import RunnerStatus
-from supervisor.runner_manager import LoadSpec, RunnerManager
+from mlxr.shared.config import Settings
+from mlxr.shared.errors import InsufficientMemory, RunnerFailed, ServerBusy
+from mlxr.shared.protocol import RunnerStatus
+from mlxr.supervisor.runners.manager import LoadSpec, RunnerManager
 
 GB = 1 << 30
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import parse_duration
-from shared.errors import InvalidRequest
-from supervisor.go_template import GoTemplate
-from supervisor.prompt import GoRenderer, JinjaRenderer, renderer_for, to_hf_message
+from mlxr.shared.config import parse_duration
+from mlxr.shared.errors import InvalidRequest
+from mlxr.supervisor.inference.go_template.render import GoTemplate
+from mlxr.supervisor.inference.prompt import GoRenderer, JinjaRenderer, renderer_for, to_hf_message
 
 QWEN3 = Path(__file__).resolve().parents[2] / "shared" / "assets" / "qwen3"  # the kit's copy
 

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from shared.config import Settings
-from shared.errors import ModelNotFound
-from shared.protocol import Chunk, RunnerStatus
-from supervisor.app import make_app
+from mlxr.shared.config import Settings
+from mlxr.shared.errors import ModelNotFound
+from mlxr.shared.protocol import Chunk, RunnerStatus
+from mlxr.supervisor.app import make_app
 
 QWEN3_CONFIG = Path(__file__).resolve().parents[2] / "shared/assets/qwen3/tokenizer_config.json"
 

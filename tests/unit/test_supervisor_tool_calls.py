@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.tool_calls import (JsonToolCallParser, OutputParser, ThinkingParser,
+from mlxr.supervisor.inference.tool_calls import (JsonToolCallParser, OutputParser, ThinkingParser,
                                    ToolCallParser, parse_tool_call)
 
 QWEN_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

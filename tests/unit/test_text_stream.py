@@ -1,4 +1,4 @@
-from runner.text_stream import TextStream
+from mlxr.runner.text_stream import TextStream
 
 # A byte-level toy vocabulary: each token is some bytes; decoding replaces broken UTF-8.
 VOCAB = {1: b"Hel", 2: b"lo", 3: b" wor", 4: b"ld", 5: "é".encode()[:1], 6: "é".encode()[1:],

@@ -1,0 +1,266 @@
+"""Embeddings for the runner: tokenization with truncation, length-sorted padded sub-batches,
+the forward pass on the engine thread, pooling, normalization and `dimensions`.
+
+Invariants:
+- `Embedder.forward` runs only on the engine thread (through `Engine.call`), one sub-batch
+  per call, so the decode steps of a language model's other requests interleave with a large
+  embedding request instead of waiting for all of it.
+- Inputs are right-padded. Padded keys are masked out of attention (encoder) or come after
+  every real token (causal language model), and padded positions are masked out of pooling,
+  so a vector does not depend on the batch it was computed in (up to float rounding).
+- mlx is imported inside the engine-thread functions only: the rest is testable without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from mlxr.shared.errors import ContextOverflow, InvalidRequest
+from mlxr.shared.protocol import EmbedRequest, EmbedResponse
+from mlxr.runner.embed.pooling import PoolingConfig, l2_normalize, pool, read_pooling_config, \
+    truncate_dimensions
+
+log = logging.getLogger("mlxr.runner")
+
+SUB_BATCH = 32
+SUB_BATCH_TOKENS = 16384  # padded tokens per sub-batch: bounds activation memory
+LM_CHUNK = 512  # a language model reads long inputs in chunks through a KV cache
+OVERFLOW = "input length exceeds maximum context length"
+
+
+class Embedder(Protocol):
+    dim: int
+    max_length: int
+    vocab_size: int
+
+    def encode(self, texts: list[str], truncate: bool) -> list[list[int]]:
+        """Token ids per text (any thread); over `max_length` it cuts or raises ContextOverflow."""
+
+    def forward(self, batch: list[list[int]]) -> np.ndarray:
+        """(len(batch), dim) float32 vectors; engine thread only."""
+
+
+def is_encoder_dir(model_dir: str | Path) -> bool:
+    """A BERT encoder (served by runner.encoder) rather than a causal LM (served by mlx_lm)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    archs = config.get("architectures") or []
+    return config.get("model_type") == "bert" or any(str(a).startswith("Bert") for a in archs)
+
+
+def plan_batches(lengths: list[int], max_batch: int = SUB_BATCH,
+                 max_tokens: int = SUB_BATCH_TOKENS) -> list[list[int]]:
+    """Input indices grouped into sub-batches, longest first. A sub-batch holds at most
+    `max_batch` inputs and `max_tokens` padded tokens (a longer input goes alone), and no input
+    shorter than half its longest, so padding never more than doubles an input's work."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        group = groups[-1] if groups else None
+        longest = lengths[group[0]] if group else 0
+        if (group and len(group) < max_batch and (len(group) + 1) * longest <= max_tokens
+                and 2 * lengths[i] >= longest):
+            group.append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def pad_batch(batch: list[list[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded ids (B, L) and the 0/1 mask of real tokens."""
+    length = max(len(ids) for ids in batch)
+    ids = np.full((len(batch), length), pad_id, dtype=np.int32)
+    mask = np.zeros((len(batch), length), dtype=np.int32)
+    for row, tokens in enumerate(batch):
+        ids[row, :len(tokens)] = tokens
+        mask[row, :len(tokens)] = 1
+    return ids, mask
+
+
+async def embed(req: EmbedRequest, embedder: Embedder,
+                call: Callable[[Callable[[], Any]], Any]) -> EmbedResponse:
+    """Serve one request: validate, tokenize off the event loop, run each sub-batch through
+    `call` (Engine.call: runs a function on the engine thread, returns a Future)."""
+    start = time.perf_counter_ns()
+    if req.dimensions is not None and req.dimensions > embedder.dim:
+        raise InvalidRequest(f"dimensions ({req.dimensions}) exceeds the model's embedding "
+                             f"size ({embedder.dim})")
+    inputs: list[list[int] | None] = [None] * len(req.input)
+    text_at = [i for i, item in enumerate(req.input) if isinstance(item, str)]
+    if text_at:
+        encoded = await asyncio.get_running_loop().run_in_executor(
+            None, embedder.encode, [req.input[i] for i in text_at], req.truncate)
+        for i, ids in zip(text_at, encoded):
+            inputs[i] = ids
+    for i, item in enumerate(req.input):
+        if isinstance(item, list):
+            inputs[i] = _checked_tokens(item, embedder, req.truncate)
+    if any(not ids for ids in inputs):
+        raise InvalidRequest("an input has no tokens")
+    vectors = np.zeros((len(inputs), embedder.dim), dtype=np.float32)
+    for group in plan_batches([len(ids) for ids in inputs]):
+        batch = [inputs[i] for i in group]
+        vectors[group] = await asyncio.wrap_future(call(functools.partial(embedder.forward, batch)))
+    vectors = truncate_dimensions(vectors, req.dimensions)
+    return EmbedResponse(embeddings=np.ascontiguousarray(vectors, dtype=np.float32),
+                         prompt_eval_count=sum(len(ids) for ids in inputs),
+                         total_duration=time.perf_counter_ns() - start)
+
+
+def _checked_tokens(ids: list[int], embedder: Embedder, truncate: bool) -> list[int]:
+    """Token arrays are used as given; truncation keeps the first `max_length` ids."""
+    bad = next((t for t in ids if not 0 <= t < embedder.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequest(f"token id {bad} is out of range (vocabulary size "
+                             f"{embedder.vocab_size})")
+    return _fit(ids, embedder.max_length, truncate)
+
+
+def _fit(ids: list[int], max_length: int, truncate: bool) -> list[int]:
+    if len(ids) <= max_length:
+        return ids
+    if not truncate:
+        raise ContextOverflow(f"{OVERFLOW} ({len(ids)} > {max_length} tokens)")
+    return ids[:max_length]
+
+
+# -- the encoder (BERT) ---------------------------------------------------------------------
+class EncoderTokenizer:
+    """tokenizer.json through `tokenizers`, with the padding and truncation that some
+    tokenizer.json files carry (all-MiniLM-L6-v2's: pad and cut to 128) switched off: we cut
+    at the model's own maximum and pad per sub-batch. Also what /v1/tokenize uses."""
+
+    def __init__(self, path: Path, max_length: int):
+        from tokenizers import Tokenizer
+
+        self.plain = Tokenizer.from_file(str(path))
+        self.plain.no_padding()
+        self.plain.no_truncation()
+        # A second instance cuts the way sentence-transformers does (the text is cut, then
+        # [CLS]/[SEP] are added), configured once here because settings are not per call.
+        self.cutting = Tokenizer.from_file(str(path))
+        self.cutting.no_padding()
+        self.cutting.enable_truncation(max_length)
+        self.max_length = max_length
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.plain.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.plain.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def encode_for_embedding(self, texts: list[str], truncate: bool) -> list[list[int]]:
+        out = []
+        for enc in self.cutting.encode_batch(texts, add_special_tokens=True):
+            if enc.overflowing and not truncate:
+                raise ContextOverflow(f"{OVERFLOW} ({self.max_length} tokens)")
+            out.append(enc.ids)
+        return out
+
+
+@dataclass(slots=True)
+class EncoderEmbedder:
+    model: Any  # runner.encoder.BertEncoder
+    tokenizer: EncoderTokenizer
+    pooling: PoolingConfig
+    max_length: int
+    dim: int
+    vocab_size: int
+
+    def encode(self, texts: list[str], truncate: bool) -> list[list[int]]:
+        return self.tokenizer.encode_for_embedding(texts, truncate)
+
+    def forward(self, batch: list[list[int]]) -> np.ndarray:
+        import mlx.core as mx
+
+        ids, mask = pad_batch(batch)
+        mask_mx = mx.array(mask)
+        hidden = self.model(mx.array(ids), mask_mx).astype(mx.float32)
+        vectors = pool(hidden, mask_mx, self.pooling.modes)
+        if self.pooling.normalize:
+            vectors = l2_normalize(vectors)
+        return np.array(vectors)
+
+
+def load_encoder_embedder(model_dir: str | Path, context_length: int) -> EncoderEmbedder:
+    """Load a BERT directory: weights, tokenizer.json and the sentence-transformers files.
+    The maximum input is max_seq_length (sentence_bert_config.json), else the position
+    table's size, else the tokenizer's model_max_length, whichever is least."""
+    from mlxr.runner.embed.encoder import load_bert
+
+    model_dir = Path(model_dir)
+    model = load_bert(model_dir)
+    cfg = model.config
+    pooling = read_pooling_config(model_dir)
+    limits = [cfg.max_position_embeddings, context_length]
+    if pooling.max_seq_length:
+        limits.append(pooling.max_seq_length)
+    else:
+        tok_cfg = model_dir / "tokenizer_config.json"
+        model_max = json.loads(tok_cfg.read_text()).get("model_max_length") \
+            if tok_cfg.exists() else None
+        if isinstance(model_max, int) and model_max > 0:
+            limits.append(model_max)
+    max_length = min(limits)
+    tokenizer = EncoderTokenizer(model_dir / "tokenizer.json", max_length)
+    return EncoderEmbedder(model=model, tokenizer=tokenizer, pooling=pooling,
+                           max_length=max_length, dim=cfg.hidden_size * len(pooling.modes),
+                           vocab_size=cfg.vocab_size)
+
+
+# -- causal language models (mlx_lm) ---------------------------------------------------------
+@dataclass(slots=True)
+class LMEmbedder:
+    """Mean of the body's last hidden states (after the final norm) over the input, L2
+    normalized; `body` is the model without its head (runner.model_step.split_model)."""
+
+    model: Any
+    body: Any
+    tokenizer: Any  # mlx_lm TokenizerWrapper
+    max_length: int
+    dim: int
+    vocab_size: int
+
+    @classmethod
+    def make(cls, model: Any, body: Any, tokenizer: Any, max_length: int,
+             vocab_size: int) -> "LMEmbedder | None":
+        """None when the body does not run as expected: the model then serves completions
+        only, rather than failing to load over a side feature."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        try:
+            hidden = body(mx.array([[0]]), cache=make_prompt_cache(model))
+        except Exception:
+            log.exception("no embeddings for this model: its body does not run alone")
+            return None
+        # The hidden size, whatever the config calls it.
+        return cls(model, body, tokenizer, max_length, hidden.shape[-1], vocab_size)
+
+    def encode(self, texts: list[str], truncate: bool) -> list[list[int]]:
+        # The tokenizer's own special tokens (a BOS where the model has one), as a prompt gets.
+        return [_fit(self.tokenizer.encode(text), self.max_length, truncate) for text in texts]
+
+    def forward(self, batch: list[list[int]]) -> np.ndarray:
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        ids, mask = pad_batch(batch)
+        ids_mx, mask_mx = mx.array(ids), mx.array(mask)
+        cache = make_prompt_cache(self.model)
+        total = mx.zeros((len(batch), self.dim), dtype=mx.float32)
+        for start in range(0, ids.shape[1], LM_CHUNK):
+            hidden = self.body(ids_mx[:, start:start + LM_CHUNK], cache=cache)
+            part = mask_mx[:, start:start + LM_CHUNK, None].astype(mx.float32)
+            total = total + (hidden.astype(mx.float32) * part).sum(axis=1)
+            mx.eval(total)  # lets this chunk's activations go before the next one
+        counts = mask_mx.sum(axis=1, keepdims=True).astype(mx.float32)
+        return np.array(l2_normalize(total / counts))

@@ -1,0 +1,5 @@
+"""`python -m mlxr.supervisor.bench` (also `mlxr bench`)."""
+
+from mlxr.supervisor.bench.cli import main
+
+main()

@@ -1,0 +1,128 @@
+"""Processes a benchmark starts: our runner, our supervisor, and mlx_lm.server, all with the
+same model directory and the same BLAS: our runners choose theirs (shared/blas.py), and each
+peer gets exactly the file our runner reports serving its sgemm."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(blas_path: str = "", **extra: str) -> dict[str, str]:
+    """Our environment, less any BLAS preload; `blas_path` preloaded for a peer."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **extra)
+    env.pop("LD_PRELOAD", None)
+    if blas_path:
+        env["LD_PRELOAD"] = blas_path
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@dataclass
+class Process:
+    name: str
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+    extra: dict = field(default_factory=dict)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _spawn(name: str, args: list[str], url: str, env: dict[str, str], workdir: Path) -> Process:
+    log_path = workdir / f"{name}.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    return Process(name, url, proc, log_path)
+
+
+def wait_until(process: Process, path: str, ready, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.proc.poll() is not None:
+            raise RuntimeError(f"{process.name} exited:\n{process.log_tail()}")
+        try:
+            resp = httpx.get(process.url + path, timeout=2)
+            if resp.status_code == 200 and ready(resp):
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    process.stop()
+    raise TimeoutError(f"{process.name} not ready after {timeout_s} s:\n{process.log_tail()}")
+
+
+def start_runner(model_dir: Path, workdir: Path, num_parallel: int, **config) -> Process:
+    port = free_port()
+    cfg = {"model_dir": str(model_dir), "port": port, "num_parallel": num_parallel, **config}
+    p = _spawn("runner", [sys.executable, "-m", "mlxr.runner", "--config", json.dumps(cfg)],
+               f"http://127.0.0.1:{port}", child_env(), workdir)
+    wait_until(p, "/v1/status", lambda r: r.json().get("status") == "ready")
+    status = httpx.get(p.url + "/v1/status", timeout=5).json()
+    p.extra["blas"] = {"path": status.get("blas_path", ""), "config": status.get("blas_config", "")}
+    return p
+
+
+def start_mlx_lm_server(model_dir: Path, workdir: Path, blas_path: str) -> Process:
+    """mlx_lm.server with `blas_path` (our runner's library) preloaded."""
+    port = free_port()
+    hf_cache = Path(tempfile.mkdtemp(prefix="hf-cache-", dir=workdir))
+    p = _spawn("mlx_lm.server", [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir),
+                                 "--port", str(port), "--log-level", "WARNING"],
+               f"http://127.0.0.1:{port}", child_env(blas_path, HF_HUB_CACHE=str(hf_cache)),
+               workdir)
+    wait_until(p, "/v1/models", lambda r: True)
+    p.extra["model"] = str(model_dir)
+    return p
+
+
+def start_supervisor(model_dir: Path, workdir: Path, num_parallel: int,
+                     model: str = "bench") -> Process:
+    """`mlxr serve` on a free port with its own store, the model imported as `model` and
+    loaded."""
+    port = free_port()
+    env = child_env(MLXR_HOST=f"127.0.0.1:{port}", MLXR_MODELS=str(workdir / "models"),
+                    MLXR_NUM_PARALLEL=str(num_parallel), MLXR_KEEP_ALIVE="-1")
+    p = _spawn("mlxr-serve", [sys.executable, "-m", "mlxr.supervisor.cli", "serve"],
+               f"http://127.0.0.1:{port}", env, workdir)
+    wait_until(p, "/", lambda r: True)
+    with httpx.Client(base_url=p.url, timeout=600, trust_env=False) as http:
+        lines = http.post("/api/create", json={"model": model, "from": str(model_dir)}).text
+        if '"success"' not in lines:
+            p.stop()
+            raise RuntimeError(f"could not import the model into mlxr serve: {lines[-500:]}")
+        http.post("/api/generate", json={"model": model, "keep_alive": -1}).raise_for_status()
+        [running] = http.get("/api/ps").json()["models"]
+    p.extra["model"] = model
+    p.extra["blas"] = running["blas"]
+    return p

@@ -1,0 +1,85 @@
+"""The servers a benchmark drives. Each streams one request and records token arrivals."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from mlxr.supervisor.bench.metrics import RequestRecord, add_chunk
+
+
+@dataclass(slots=True)
+class Sampling:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @classmethod
+    def named(cls, name: str) -> "Sampling":
+        if name == "greedy":
+            return cls()
+        if name == "ollama":  # Ollama's default options
+            return cls(temperature=0.8, top_k=40, top_p=0.9)
+        raise ValueError(f"unknown sampling {name!r} (greedy, ollama)")
+
+
+@dataclass(slots=True)
+class RunnerTarget:
+    """Our runner's NDJSON protocol (`--direct`)."""
+
+    name: str
+    base_url: str
+
+    async def stream(self, client: httpx.AsyncClient, prompt: str, gen_tokens: int,
+                     sampling: Sampling, record: RequestRecord) -> None:
+        body = {"prompt": prompt, "options": {"num_predict": gen_tokens,
+                                              "temperature": sampling.temperature,
+                                              "top_k": sampling.top_k, "top_p": sampling.top_p}}
+        async with client.stream("POST", self.base_url + "/v1/completions", json=body) as resp:
+            resp.raise_for_status()
+            async for line in resp.aiter_lines():
+                item = json.loads(line)
+                if "error" in item:
+                    raise RuntimeError(str(item["error"]))
+                add_chunk(record, time.perf_counter(), len(item.get("tokens", [])))
+        record.end_s = time.perf_counter()
+
+
+@dataclass(slots=True)
+class OpenAITarget:
+    """An OpenAI-compatible `/v1/completions` stream (mlx_lm.server, or our supervisor)."""
+
+    name: str
+    base_url: str
+    model: str
+
+    async def stream(self, client: httpx.AsyncClient, prompt: str, gen_tokens: int,
+                     sampling: Sampling, record: RequestRecord) -> None:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": gen_tokens, "stream": True,
+                "temperature": sampling.temperature, "top_p": sampling.top_p,
+                "top_k": sampling.top_k, "stream_options": {"include_usage": True}}
+        counted, usage = 0, None
+        async with client.stream("POST", self.base_url + "/v1/completions", json=body) as resp:
+            resp.raise_for_status()
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    raise RuntimeError(str(event["error"]))
+                if event.get("usage"):
+                    usage = event["usage"].get("completion_tokens")
+                if event.get("choices"):
+                    add_chunk(record, time.perf_counter(), 1)
+                    counted += 1
+        record.end_s = time.perf_counter()
+        if usage is not None and usage > counted:  # several tokens arrived as one event
+            add_chunk(record, record.end_s, usage - counted)
+        elif usage is not None and usage < counted:  # a final event with no new token
+            del record.token_times_s[usage:]

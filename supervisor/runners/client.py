@@ -1,0 +1,359 @@
+"""One runner subprocess and the HTTP connection pool that talks to it.
+
+Invariants:
+- A `RunnerClient` owns exactly one process. `stop()` is idempotent and always reaps it.
+- A runner never outlives the supervisor: its stdin is a pipe the runner watches
+  (`watch_stdin`), and on Linux the kernel sends it SIGKILL when the supervisor dies
+  (PR_SET_PDEATHSIG), which covers `kill -9` of the supervisor.
+- Every error raised here carries the last lines the runner wrote (`stderr_tail`).
+- Closing a completion stream closes its HTTP connection, which cancels the request in the
+  runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import orjson
+
+from mlxr.shared.blas import BlasChoice, choose
+from mlxr.shared.config import RunnerConfig, Settings
+from mlxr.shared.errors import MlxrError, RunnerFailed, from_status
+from mlxr.shared.exits import describe_exit
+from mlxr.shared.protocol import Chunk, CompletionRequest, EmbedRequest, EmbedResponse, RunnerStatus
+
+log = logging.getLogger("mlxr.runner")
+
+STDERR_LINES = 40
+STOP_GRACE_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS just handed out (bind to 0, then close): the runner binds it next."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _death_signal_preexec() -> Callable[[], None] | None:
+    """A preexec_fn that asks Linux to SIGKILL the child when its parent dies.
+
+    libc is loaded here, in the parent: loading a library between fork and exec is unsafe."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+# Connection failures talking to a runner (a timeout included).
+TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+
+
+class RunnerClient:
+    """A started runner process, its port, and an aiohttp connection pool to it.
+
+    aiohttp rather than httpx: every streamed token crosses this client, and aiohttp's C
+    parser costs the supervisor a fraction of httpx's per-chunk work (measured with the fake
+    runner: docs/PERFORMANCE.md)."""
+
+    def __init__(self, config: RunnerConfig, process: asyncio.subprocess.Process,
+                 blas: str | None = None):
+        self.config = config
+        self.process = process
+        self.blas = blas  # the library preloaded into it, if any
+        self.base_url = f"http://{config.host}:{config.port}"
+        # trust_env=False: proxy variables must never route loopback traffic elsewhere.
+        self.http = aiohttp.ClientSession(
+            base_url=self.base_url, trust_env=False,
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+            timeout=aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=None))
+        self._tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
+        self._reader = asyncio.create_task(self._read_output())
+        self._stopped = False
+
+    @classmethod
+    async def spawn(cls, config: RunnerConfig, *, module: str = "mlxr.runner",
+                    blas: str | None = None) -> "RunnerClient":
+        # The runner inherits our environment (PATH, PYTHONPATH, HF_* ...); only the BLAS
+        # preload is added (a library that passed its probe on this CPU, shared/blas.py),
+        # which makes float32 matmuls several times faster on Linux CPU.
+        env = dict(os.environ)
+        if blas:
+            env["LD_PRELOAD"] = " ".join(p for p in (blas, env.get("LD_PRELOAD")) if p)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", module, "--config", json.dumps(config.to_dict()),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, env=env,
+            preexec_fn=_death_signal_preexec(),
+            # Its own session: a Ctrl-C in the terminal reaches the supervisor only, which then
+            # stops its runners in order.
+            start_new_session=True)
+        log.info("started runner pid %d for %s on port %d", process.pid, config.model_name,
+                 config.port)
+        return cls(config, process, blas)
+
+    async def _read_output(self) -> None:
+        assert self.process.stdout is not None
+        async for raw in self.process.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self._tail.append(line)
+            log.debug("[%s] %s", self.config.model_name, line)
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None and not self._stopped
+
+    def stderr_tail(self) -> str:
+        return "\n".join(self._tail)
+
+    async def wait_exit(self) -> int:
+        code = await self.process.wait()
+        try:  # the last lines arrive just after exit
+            await asyncio.wait_for(asyncio.shield(self._reader), 1.0)
+        except (asyncio.TimeoutError, Exception):
+            pass
+        return code
+
+    def failure(self, message: str) -> RunnerFailed:
+        return RunnerFailed(message, stderr_tail=self.stderr_tail())
+
+    def exit_failure(self, when: str) -> RunnerFailed:
+        """The process is gone: how, in words ("was killed by SIGILL (illegal instruction)
+        while loading"), with what that signal usually means here."""
+        code = self.process.returncode
+        message = f"runner for {self.config.model_name} {describe_exit(code)} {when}"
+        if code == -signal.SIGILL:
+            message += (f"; this CPU cannot run an instruction in MLX or in the BLAS it "
+                        f"preloaded ({self.blas or 'none'}); `mlxr doctor` probes the BLAS "
+                        f"libraries")
+        elif code == -signal.SIGKILL:
+            message += "; the system may have run out of memory"
+        return self.failure(message)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def wait_ready(self, timeout_s: float) -> RunnerStatus:
+        """Poll /v1/status until the model is loaded, the process exits, or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.02
+        exited = asyncio.ensure_future(self.wait_exit())
+        try:
+            while True:
+                if exited.done():
+                    raise self.exit_failure("while loading")
+                try:
+                    status = await self.status(timeout_s=2.0)
+                except (*TRANSPORT_ERRORS, ValueError):
+                    status = None
+                if status is not None and status.status == "ready":
+                    return status
+                if status is not None and status.status == "error":
+                    raise self.failure(f"runner failed to load {self.config.model_name}: "
+                                       f"{status.error or 'unknown error'}")
+                if time.monotonic() >= deadline:
+                    raise self.failure(f"timed out after {timeout_s:g}s loading "
+                                       f"{self.config.model_name}")
+                await asyncio.wait([exited], timeout=delay)
+                delay = min(delay * 1.5, 0.25)
+        finally:
+            exited.cancel()
+
+    async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Close stdin and send SIGTERM, then SIGKILL after `grace_s`; always reaps."""
+        self._stopped = True
+        await self.http.close()
+        proc = self.process
+        if proc.returncode is None:
+            if proc.stdin is not None and not proc.stdin.is_closing():
+                proc.stdin.close()
+            try:
+                proc.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(proc.wait(), grace_s)
+            except ProcessLookupError:
+                pass
+            except asyncio.TimeoutError:
+                log.warning("runner pid %d ignored SIGTERM; killing it", proc.pid)
+                proc.kill()
+        await proc.wait()
+        self._reader.cancel()
+
+    # -- requests ----------------------------------------------------------------------
+
+    async def status(self, timeout_s: float = 5.0) -> RunnerStatus:
+        async with self.http.get("/v1/status",
+                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            return RunnerStatus.from_dict(orjson.loads(await resp.read()))
+
+    async def tokenize(self, content: str, add_special: bool = False) -> list[int]:
+        data = await self._post_json("/v1/tokenize", {"content": content,
+                                                      "add_special": add_special})
+        return list(data["tokens"])
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        data = await self._post_json("/v1/detokenize", {"tokens": tokens})
+        return data["content"]
+
+    async def embed(self, request: EmbedRequest) -> EmbedResponse:
+        return EmbedResponse.from_dict(await self._post_json("/v1/embeddings", request.to_dict()))
+
+    async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            async with self.http.post(path, data=orjson.dumps(body),
+                                      headers={"content-type": "application/json"}) as resp:
+                content = await resp.read()
+        except TRANSPORT_ERRORS as exc:
+            raise await self._lost(exc) from None
+        if resp.status != 200:
+            raise from_status(resp.status, _error_message(content))
+        return orjson.loads(content)
+
+    async def complete(self, request: CompletionRequest) -> "CompletionStream":
+        """Send a completion. Errors found before streaming (bad input, context overflow)
+        raise here with the runner's status; the returned stream yields `Chunk`s."""
+        try:
+            resp = await self.http.post("/v1/completions", data=orjson.dumps(request.to_dict()),
+                                        headers={"content-type": "application/json"})
+        except TRANSPORT_ERRORS as exc:
+            raise await self._lost(exc) from None
+        if resp.status != 200:
+            try:
+                body = await resp.read()
+            except TRANSPORT_ERRORS as exc:
+                raise await self._lost(exc) from None
+            finally:
+                resp.release()
+            raise from_status(resp.status, _error_message(body))
+        return CompletionStream(self, resp)
+
+    async def _lost(self, exc: BaseException) -> MlxrError:
+        """The connection broke: say whether the runner died, with its last words."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.process.wait()), 1.0)
+        except asyncio.TimeoutError:
+            pass
+        if self.process.returncode is not None:
+            await asyncio.sleep(0.05)  # let the reader collect the last lines
+            return self.exit_failure("while serving")
+        return RunnerFailed(f"lost connection to runner for {self.config.model_name}: "
+                            f"{exc or type(exc).__name__}")
+
+
+class CompletionStream:
+    """The chunks of one accepted completion; the final chunk has `done: true`."""
+
+    def __init__(self, client: RunnerClient, response: aiohttp.ClientResponse):
+        self._client = client
+        self._response = response
+
+    async def __aiter__(self) -> AsyncIterator[Chunk]:
+        pending = b""
+        try:
+            async for data in self._response.content.iter_any():
+                *lines, pending = (pending + data).split(b"\n")
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    chunk = _chunk(orjson.loads(line))
+                    yield chunk
+                    if chunk.done:
+                        return
+        except TRANSPORT_ERRORS as exc:
+            raise await self._client._lost(exc) from None
+        except orjson.JSONDecodeError as exc:
+            raise RunnerFailed(f"runner sent an invalid line: {exc}") from None
+        raise await self._client._lost(ConnectionError("stream ended without a final line"))
+
+    async def aclose(self) -> None:
+        """Close the connection (not back to the pool), which cancels an unfinished request
+        in the runner."""
+        self._response.close()
+
+
+def _chunk(data: dict[str, Any]) -> Chunk:
+    if "error" in data:
+        err = data["error"]
+        if isinstance(err, dict):
+            raise from_status(int(err.get("status") or 500), str(err.get("message")))
+        raise RunnerFailed(str(err))
+    return Chunk.from_dict(data)
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        err = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return body.decode(errors="replace").strip() or "runner error"
+    if isinstance(err, dict):
+        return str(err.get("message", err))
+    return str(err)
+
+
+class BlasSelection:
+    """The BLAS runners preload, chosen once per supervisor in a worker thread: a first
+    probe of the candidates takes seconds, a cached verdict milliseconds."""
+
+    def __init__(self, settings: Settings):
+        self._settings = settings
+        self._task: asyncio.Task[BlasChoice] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._choose())
+
+    async def choice(self) -> BlasChoice:
+        self.start()
+        assert self._task is not None
+        return await asyncio.shield(self._task)
+
+    async def _choose(self) -> BlasChoice:
+        choice = await asyncio.to_thread(choose, self._settings.blas, self._settings.cache_dir)
+        log.info("%s", choice.describe())
+        return choice
+
+
+def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
+                        ) -> Callable[[Any], Awaitable[RunnerClient]]:
+    """The production factory: spawn `python -m mlxr.runner` for a LoadSpec and wait until ready."""
+    blas = blas or BlasSelection(settings)
+
+    async def start(spec: Any) -> RunnerClient:
+        library = (await blas.choice()).path
+        config = RunnerConfig(
+            model_dir=str(spec.model_dir), model_name=spec.name, host="127.0.0.1",
+            port=free_port(), num_parallel=settings.num_parallel,
+            context_length=spec.context_length, prefix_cache_bytes=settings.prefix_cache_bytes,
+            kv_cache_bytes=spec.kv_cache_bytes, watch_stdin=True, blas=library or "off")
+        client = await RunnerClient.spawn(config, module=settings.runner_module, blas=library)
+        try:
+            await client.wait_ready(settings.load_timeout_s)
+        except BaseException:
+            await asyncio.shield(client.stop(grace_s=1.0))
+            raise
+        return client
+
+    return start

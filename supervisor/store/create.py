@@ -1,0 +1,339 @@
+"""`create`: a model from a directory, uploaded blobs, an existing model or a random preset,
+with optional quantization, template, system prompt, parameters, license and messages.
+
+`create_model` is an async generator of progress dicts. It validates everything it can
+before its first item, so a caller that awaits the first item turns bad input into a 400/404
+rather than a broken stream. Blobs are pinned from the moment they are known until the
+manifest is written (see store.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from mlxr.shared.errors import InvalidRequest, MlxrError
+
+from . import manifest as mf
+from . import quantize as quantize_script
+from .blobs import digest_ref, parse_digest
+from .config_blob import make_config_blob, random_label
+from .manifest import Layer, Manifest
+from .modelfile import normalize_parameters, parse_modelfile
+from .names import ModelName, parse_name
+from .random_model import PRESETS, write_random_model
+from .sources import check_file_name, media_type_for, select_files
+from .store import ModelRecord, Store
+
+QUANT_BITS = {"q4": 4, "q8": 8}
+_DTYPE_LABELS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+@dataclass(slots=True)
+class RandomSpec:
+    preset: str = "tiny"
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class CreateRequest:
+    model: str
+    from_: str | None = None
+    files: dict[str, str] = field(default_factory=dict)
+    template: str | None = None
+    system: str | None = None
+    license: list[str] | None = None
+    parameters: dict[str, Any] | None = None
+    messages: list[dict[str, Any]] | None = None
+    quantize: str | None = None
+    random: RandomSpec | None = None
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> "CreateRequest":
+        """Ollama's /api/create body (plus `random`); `modelfile` (the older form) is parsed."""
+        def text(key: str) -> str | None:
+            v = body.get(key)
+            if v is not None and not isinstance(v, str):
+                raise InvalidRequest(f"{key} must be a string")
+            return v or None
+
+        model = text("model") or text("name")
+        if not model:
+            raise InvalidRequest("model is required")
+        req = cls(model=model, from_=text("from"), template=text("template"),
+                  system=text("system"), quantize=text("quantize"))
+        files = body.get("files") or {}
+        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+            raise InvalidRequest('files must be an object of file name -> "sha256:<hex>"')
+        req.files = {check_file_name(k): v for k, v in files.items()}
+        lic = body.get("license")
+        if lic is not None:
+            lic = [lic] if isinstance(lic, str) else lic
+            if not isinstance(lic, list) or not all(isinstance(x, str) for x in lic):
+                raise InvalidRequest("license must be a string or a list of strings")
+            req.license = lic
+        if body.get("parameters") is not None:
+            req.parameters = normalize_parameters(body["parameters"])
+        if body.get("messages") is not None:
+            req.messages = _check_messages(body["messages"])
+        if body.get("random") is not None:
+            req.random = _random_spec(body["random"])
+        if body.get("modelfile"):
+            _merge_modelfile(req, text("modelfile") or "")
+        return req
+
+
+def _check_messages(messages: Any) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str)
+            and isinstance(m.get("content", ""), str) for m in messages):
+        raise InvalidRequest("messages must be a list of {role, content} objects")
+    return [{"role": m["role"], "content": m.get("content", "")} for m in messages]
+
+
+def _random_spec(value: Any) -> RandomSpec:
+    if value is True:
+        return RandomSpec()
+    if not isinstance(value, dict):
+        raise InvalidRequest('random must be an object like {"preset": "tiny", "seed": 0}')
+    preset, seed = value.get("preset", "tiny"), value.get("seed", 0)
+    if preset not in PRESETS:
+        raise InvalidRequest(f'unknown random preset "{preset}"; choose one of '
+                             + ", ".join(PRESETS))
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise InvalidRequest("random.seed must be a non-negative integer")
+    return RandomSpec(preset, seed)
+
+
+def _merge_modelfile(req: CreateRequest, text: str) -> None:
+    parsed = parse_modelfile(text)
+    req.from_ = req.from_ or parsed.from_
+    req.template = req.template or parsed.template
+    req.system = req.system or parsed.system
+    req.license = req.license or (parsed.license or None)
+    req.parameters = {**parsed.parameters, **(req.parameters or {})} or None
+    req.messages = req.messages or (parsed.messages or None)
+
+
+def _looks_like_path(text: str) -> bool:
+    return text.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(text))
+
+
+@dataclass(slots=True)
+class _Plan:
+    name: ModelName
+    base: ModelRecord | None = None  # creating from an existing model
+    directory: Path | None = None  # creating from a local directory
+    blob_files: dict[str, Layer] = field(default_factory=dict)  # files already in the store
+    random: RandomSpec | None = None
+    bits: int | None = None
+    owned: bool = False  # the directory's files may be moved into blobs
+
+
+def _prepare(store: Store, req: CreateRequest) -> _Plan:
+    plan = _Plan(parse_name(req.model), random=req.random)
+    if req.quantize is not None:
+        plan.bits = QUANT_BITS.get(req.quantize.lower())
+        if plan.bits is None:
+            raise InvalidRequest(f'unsupported quantization type "{req.quantize}": use "q4" or '
+                                 '"q8" (MLX affine quantization, group size 64)')
+    sources = sum(x is not None and x != {} for x in (req.from_, req.files or None, req.random))
+    if sources == 0:
+        raise InvalidRequest("neither 'from', 'files' nor 'random' was specified")
+    if sources > 1:
+        raise InvalidRequest("give only one of 'from', 'files' and 'random'")
+    if req.files:
+        for file_name, ref in req.files.items():
+            hex_digest = parse_digest(ref)
+            if not store.blobs.exists(hex_digest):
+                raise InvalidRequest(f'blob {ref} for "{file_name}" not found: upload it with '
+                                     "POST /api/blobs/<digest> first")
+            plan.blob_files[file_name] = Layer(media_type_for(file_name), digest_ref(hex_digest),
+                                               store.blobs.path(hex_digest).stat().st_size,
+                                               name=file_name)
+        _check_model_files({n: store.blobs.path(x.hex) for n, x in plan.blob_files.items()})
+    elif req.from_ and _looks_like_path(req.from_):
+        plan.directory = Path(os.path.expanduser(req.from_)).resolve()
+        select_files(plan.directory)  # validates now; copied later
+    elif req.from_:
+        plan.base = store.resolve(req.from_)
+        layers = store.manifest_of(plan.base).files()
+        if not layers:
+            raise InvalidRequest(f'model "{req.from_}" has no safetensors files to build on')
+        plan.blob_files = {x.name: x for x in layers}
+    if plan.bits and _already_quantized(store, plan):
+        raise InvalidRequest("model is already quantized")
+    return plan
+
+
+def _already_quantized(store: Store, plan: _Plan) -> bool:
+    if plan.base is not None:
+        return bool(plan.base.config.get("quantization"))
+    if plan.directory is not None:
+        path = plan.directory / "config.json"
+    elif "config.json" in plan.blob_files:
+        path = store.blobs.path(plan.blob_files["config.json"].hex)
+    else:
+        return False
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("quantization")
+                                             or config.get("quantization_config"))
+
+
+def _check_model_files(files: dict[str, Path]) -> None:
+    if "config.json" not in files:
+        raise InvalidRequest("files must include config.json")
+    if not any(n.endswith(".safetensors") for n in files):
+        raise InvalidRequest("files must include at least one .safetensors file")
+
+
+async def create_model(store: Store, req: CreateRequest, *,
+                       move_files: bool = False) -> AsyncIterator[dict[str, Any]]:
+    """Create (or replace) a model; yields Ollama-style progress dicts, ending in success.
+    `move_files`: the `from` directory is ours (a download) and its files may be moved."""
+    plan = _prepare(store, req)
+    plan.owned = move_files
+    pins: list[str] = []
+
+    def pin(hex_digest: str) -> None:
+        store.pin(hex_digest)
+        pins.append(hex_digest)
+
+    for layer in plan.blob_files.values():
+        pin(layer.hex)
+    work = store.tmp_dir / f"create-{uuid.uuid4().hex[:12]}"
+    try:
+        yield {"status": "reading model metadata"}
+        files, owned = await _source_files(plan, work)
+        if files is not None:
+            async for status in _ingest(store, files, owned, plan.blob_files, pin):
+                yield status
+        if plan.bits:
+            async for status in _quantize(store, plan, work, pin):
+                yield status
+        layers = [plan.blob_files[n] for n in sorted(plan.blob_files)]  # deterministic
+        meta = await asyncio.to_thread(_metadata_layers, store, plan.base, req, pin)
+        for layer in meta:
+            pin(layer.hex)  # inherited layers
+            yield {"status": f"using layer {layer.digest}"}
+        paths = {name: store.blobs.path(x.hex) for name, x in plan.blob_files.items()}
+        template = next((store.blobs.path(x.hex).read_text() for x in meta
+                         if x.media_type == mf.MEDIA_TEMPLATE), None)
+        label = random_label(plan.random.preset, plan.random.seed) if plan.random else \
+            (plan.base.config.get("random") if plan.base else None)
+        config = await asyncio.to_thread(make_config_blob, paths, layers + meta, template, label)
+        pin(hashlib.sha256(config).hexdigest())
+        config_hex, _ = await asyncio.to_thread(store.blobs.add_bytes, config)
+        m = Manifest(Layer(mf.MEDIA_CONFIG, digest_ref(config_hex), len(config)), layers + meta)
+        yield {"status": "writing manifest"}
+        await asyncio.to_thread(store.write_manifest, plan.name, m.to_bytes())
+        yield {"status": "success"}
+    finally:
+        for hex_digest in pins:
+            store.unpin(hex_digest)
+        if work.exists():
+            await asyncio.to_thread(shutil.rmtree, work, True)
+
+
+async def _source_files(plan: _Plan, work: Path) -> tuple[dict[str, Path] | None, bool]:
+    """Files still to be copied into blobs, and whether they are ours to move."""
+    if plan.random:
+        out = work / "random"
+        await asyncio.to_thread(write_random_model, out, plan.random.preset, plan.random.seed)
+        return select_files(out), True
+    if plan.directory:
+        return await asyncio.to_thread(select_files, plan.directory), plan.owned
+    return None, False
+
+
+async def _ingest(store: Store, files: dict[str, Path], owned: bool, into: dict[str, Layer],
+                  pin) -> AsyncIterator[dict[str, Any]]:
+    for file_name, path in files.items():
+        hex_digest, size, created = await asyncio.to_thread(store.blobs.add_file, path, owned)
+        pin(hex_digest)
+        into[file_name] = Layer(media_type_for(file_name), digest_ref(hex_digest), size,
+                                name=file_name)
+        verb = "creating new layer" if created else "using existing layer"
+        yield {"status": f"{verb} {digest_ref(hex_digest)}"}
+
+
+async def _quantize(store: Store, plan: _Plan, work: Path, pin) -> AsyncIterator[dict[str, Any]]:
+    src, dst = work / "quantize-src", work / "quantize-out"
+    for file_name, layer in plan.blob_files.items():
+        link = src / file_name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(store.blobs.path(layer.hex), link)
+    config = json.loads((src / "config.json").read_text())
+    if "quantization" in config or "quantization_config" in config:
+        raise InvalidRequest("model is already quantized")
+    total = sum(x.size for x in plan.blob_files.values() if x.name.endswith(".safetensors"))
+    dtype = _DTYPE_LABELS.get(str(config.get("torch_dtype")), "float")
+    status = f"quantizing {dtype} model to Q{plan.bits}"
+    yield {"status": status, "digest": "0", "total": total, "completed": 0}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, quantize_script.__file__, str(src), str(dst), str(plan.bits),
+        str(quantize_script.DEFAULT_GROUP_SIZE),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        _, err = await proc.communicate()
+    except asyncio.CancelledError:
+        proc.kill()
+        raise
+    if proc.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-5:]
+        raise MlxrError("quantization failed: " + " | ".join(tail))
+    yield {"status": status, "digest": "0", "total": total, "completed": total}
+    # The new weights and config replace the old ones; tokenizer files are reused as they are.
+    kept = {n: x for n, x in plan.blob_files.items()
+            if not n.endswith(".safetensors") and n not in ("config.json",
+                                                              "model.safetensors.index.json")}
+    plan.blob_files.clear()
+    plan.blob_files.update(kept)
+    yield {"status": "verifying conversion"}
+    async for status in _ingest(store, select_files(dst), True, plan.blob_files, pin):
+        yield status
+
+
+def _metadata_layers(store: Store, base: ModelRecord | None, req: CreateRequest,
+                     pin) -> list[Layer]:
+    """Template, system, params, license and messages layers: the request's, else the base's
+    (parameters are merged, the request's winning)."""
+    inherited: dict[str, list[Layer]] = {}
+    if base is not None:
+        for layer in store.manifest_of(base).layers:
+            if layer.media_type in mf.METADATA_MEDIA:
+                inherited.setdefault(layer.media_type, []).append(layer)
+
+    def text_layer(media: str, text: str) -> Layer:
+        data = text.encode()
+        pin(hashlib.sha256(data).hexdigest())
+        hex_digest, _ = store.blobs.add_bytes(data)
+        return Layer(media, digest_ref(hex_digest), len(data))
+
+    out: list[Layer] = []
+    for media, value in ((mf.MEDIA_TEMPLATE, req.template), (mf.MEDIA_SYSTEM, req.system)):
+        out.extend([text_layer(media, value)] if value is not None else inherited.get(media, []))
+    params = dict(base.params) if base else {}
+    params.update(req.parameters or {})
+    if params:
+        out.append(text_layer(mf.MEDIA_PARAMS, json.dumps(params) + "\n"))
+    if req.license is not None:
+        out.extend(text_layer(mf.MEDIA_LICENSE, x) for x in req.license)
+    else:
+        out.extend(inherited.get(mf.MEDIA_LICENSE, []))
+    if req.messages is not None:
+        out.append(text_layer(mf.MEDIA_MESSAGES, json.dumps(req.messages) + "\n"))
+    else:
+        out.extend(inherited.get(mf.MEDIA_MESSAGES, []))
+    return out

@@ -1,0 +1,53 @@
+"""A real runner subprocess for tests: `python -m mlxr.runner` on a free port, stopped by closing
+its stdin (the way the supervisor does)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        try:
+            if httpx.get(url + "/v1/status", timeout=1).json()["status"] == "ready":
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("runner did not become ready")
+
+
+@contextlib.contextmanager
+def running(model_dir: Path, env: dict[str, str], **config) -> Iterator[str]:
+    """A ready runner for `model_dir` (RunnerConfig fields as keywords); yields its URL."""
+    port = free_port()
+    full = {"model_dir": str(model_dir), "port": port, "watch_stdin": True, **config}
+    proc = subprocess.Popen([sys.executable, "-m", "mlxr.runner", "--config", json.dumps(full)],
+                            env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, proc)
+        yield url
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
