@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: install serve test test-unit bench clean
+.PHONY: install serve test test-unit test-mlx test-integration bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,12 +23,22 @@ serve: install
 	$(BIN)/mlxr setup-demo
 	$(BIN)/mlxr serve
 
+# The whole suite, then the time each tier took: tests/unit (no MLX, no processes),
+# tests/mlx (MLX in the test process), tests/integration (real servers, runners, registry).
 test: $(STAMP)
 	@./scripts/system-deps.sh --test
 	$(BIN)/python -m pytest -q tests
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
+
+test-mlx: $(STAMP)
+	@./scripts/system-deps.sh --test
+	$(BIN)/python -m pytest -q tests/mlx
+
+test-integration: $(STAMP)
+	@./scripts/system-deps.sh --test
+	$(BIN)/python -m pytest -q tests/integration
 
 bench: install
 	$(BIN)/mlxr bench --model small --concurrency 1,8,16 --against mlx_lm

@@ -1,7 +1,10 @@
-"""Shared fixtures: random-weight test models, made once per session."""
+"""Shared fixtures: random-weight test models, made once per session. Also prints the time
+each tier took (tests/unit: no MLX, no processes; tests/mlx: MLX in this process;
+tests/integration: real processes) at the end of a run."""
 
 from __future__ import annotations
 
+import collections
 import os
 from pathlib import Path
 
@@ -58,3 +61,22 @@ def reference(tiny_model):
 
     generate.tokenizer = tokenizer
     return generate
+
+
+_TIER_SECONDS: dict[str, float] = collections.defaultdict(float)
+_TIER_COUNTS: dict[str, int] = collections.defaultdict(int)
+
+
+def pytest_runtest_logreport(report) -> None:
+    parts = report.nodeid.split("/")
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    _TIER_SECONDS[tier] += report.duration  # setup, call and teardown all count
+    if report.when == "call":
+        _TIER_COUNTS[tier] += 1
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _TIER_SECONDS:
+        terminalreporter.write_line("time per tier: " + ", ".join(
+            f"{tier} {_TIER_COUNTS[tier]} tests {seconds:.1f} s"
+            for tier, seconds in sorted(_TIER_SECONDS.items())))

@@ -20,7 +20,7 @@ from mlxr.supervisor.api import openai_compat as oa
 from mlxr.supervisor.app import make_app
 from mlxr.supervisor.inference.service import wire_format
 from mlxr.supervisor.inference.tool_calls import ForcedCall, ForcedCallParser, forced_call_schema
-from tests.unit.test_supervisor_service import InProcessRunner, StubStore
+from tests.unit.inference.test_service import InProcessRunner, StubStore
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",

@@ -14,7 +14,7 @@ from mlxr.shared.errors import InvalidRequest
 from mlxr.supervisor.inference.go_template.render import GoTemplate
 from mlxr.supervisor.inference.prompt import GoRenderer, JinjaRenderer, renderer_for, to_hf_message
 
-QWEN3 = Path(__file__).resolve().parents[2] / "shared" / "assets" / "qwen3"  # the kit's copy
+QWEN3 = Path(__file__).resolve().parents[3] / "shared" / "assets" / "qwen3"  # the kit's copy
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Get the weather for a city",

@@ -21,7 +21,7 @@ from mlxr.supervisor.store import manifest as mf
 from mlxr.supervisor.store.create import CreateRequest, create_model
 from mlxr.supervisor.store.store import CorruptModel, Store
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHAT_TEMPLATE = "{% if tools %}tools{% endif %}{{ '<think>' }}{{ messages }}"
 
 

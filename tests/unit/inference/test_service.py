@@ -17,7 +17,7 @@ from mlxr.shared.errors import ModelNotFound
 from mlxr.shared.protocol import Chunk, RunnerStatus
 from mlxr.supervisor.app import make_app
 
-QWEN3_CONFIG = Path(__file__).resolve().parents[2] / "shared/assets/qwen3/tokenizer_config.json"
+QWEN3_CONFIG = Path(__file__).resolve().parents[3] / "shared/assets/qwen3/tokenizer_config.json"
 
 
 class Stream:
