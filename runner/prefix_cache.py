@@ -38,13 +38,10 @@ class PrefixCache:
     min_tokens: int = 16  # shorter matches are not worth a copy
     entries: list[Entry] = field(default_factory=list)
     nbytes: int = 0
-    hits: int = 0
-    misses: int = 0
     _clock: itertools.count = field(default_factory=itertools.count)
 
     def lookup(self, tokens: list[int]) -> Hit | None:
         if not self.entries or len(tokens) < 2:
-            self.misses += 1
             return None
         query = np.asarray(tokens, dtype=np.int32)
         best: Hit | None = None
@@ -57,10 +54,8 @@ class PrefixCache:
             if length > (best.length if best else 0):
                 best = Hit(entry, length)
         if best is None or best.length < self.min_tokens:
-            self.misses += 1
             return None
         best.entry.last_used = next(self._clock)
-        self.hits += 1
         return best
 
     def store(self, tokens: list[int], payload: Any, nbytes: int) -> bool:
@@ -90,7 +85,3 @@ class PrefixCache:
         self.entries.sort(key=lambda e: e.last_used)
         while self.entries and self.nbytes > self.max_bytes:
             self.nbytes -= self.entries.pop(0).nbytes
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self.nbytes = 0

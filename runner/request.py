@@ -1,7 +1,11 @@
-"""Per-request state inside the runner.
+"""Per-request state inside the runner. Imports no mlx.
 
-`SeqStatus` is ordered: everything after PREEMPTED is finished, so `is_finished` is one
-comparison, and `FINISH_REASONS` maps finished statuses to the wire's `done_reason`.
+Invariants:
+- `SeqStatus` is ordered: everything after PREEMPTED is finished, so `is_finished` is one
+  comparison, and `FINISH_REASONS` maps finished statuses to the wire's `done_reason`.
+- A `Sequence` is built on the event loop thread with no MLX state (`make_sequence`); the
+  engine thread attaches its `sampler` (which holds MLX arrays) and its `text` output when it
+  takes the sequence from the inbox, before the scheduler sees it.
 """
 
 from __future__ import annotations
@@ -55,10 +59,13 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     cancelled: bool = False
     error: str | None = None
-    # Host-side state the engine attaches (text stream, sampler, output sink).
-    stream: Any = None
-    sampler: Any = None
+    # Set by the handler: where chunks go (its queue's put), and a structured-output grammar
+    # (runner.grammar.GrammarProcessor) or None.
     sink: Callable[[Any], None] | None = None
+    grammar: Any = None
+    # Attached on the engine thread: runner.sampling.Sampler and runner.outputs.TextOutput.
+    sampler: Any = None
+    text: Any = None
     # Timings, from time.perf_counter_ns().
     t_arrival_ns: int = field(default_factory=time.perf_counter_ns)
     t_prefill_start_ns: int = 0
@@ -84,3 +91,14 @@ class Sequence:
     @property
     def done_reason(self) -> str | None:
         return FINISH_REASONS.get(self.status)
+
+
+def make_sequence(seq_id: int, tokens: list[int], options: Options, context_length: int,
+                  logprobs: bool, top_logprobs: int, sink: Callable[[Any], None],
+                  grammar: Any = None) -> Sequence:
+    """A request's sequence, with no MLX state (it is built on the event loop thread).
+    `context_length` is the request's effective num_ctx."""
+    max_new = options.num_predict if options.num_predict >= 0 else context_length
+    return Sequence(seq_id=seq_id, prompt_tokens=tokens, options=options,
+                    max_new_tokens=max_new, context_length=context_length, logprobs=logprobs,
+                    top_logprobs=top_logprobs, sink=sink, grammar=grammar)

@@ -5,7 +5,8 @@ top-k candidates first; temperature, top-p and min-p then work on those few (Oll
 order). Each request's random draws come from its own seeded host generator, one uniform per
 step, so a seeded request gives the same tokens alone or inside any batch. Penalties and
 logit bias touch only the requests that set them; log-probabilities are computed only for
-requests that ask.
+requests that ask. A `Sampler` holds MLX arrays (its logit bias), so it is built and used on
+the engine thread only (Engine._accept).
 """
 
 from __future__ import annotations

@@ -17,15 +17,19 @@ Invariants:
 - KV tokens held (running + prefilling) stay within `kv_token_budget`: admission waits, and a
   running sequence that cannot grow preempts the newest one, which is requeued for recompute.
 - Finished and cancelled sequences are handed to the model step once, in `StepPlan.release`.
+- Whether a sequence is finished is decided in one place, `_finish_status`, as it takes each
+  token: EOS, then length (`max_new_tokens` or the context), then a stop string (the text
+  side's verdict, `stop_matched`). From outside, only `cancel` and `abort` end a sequence.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 from mlxr.runner.request import Sequence, SeqStatus
+from mlxr.runner.step_timer import StepTimer
 
 
 @dataclass(slots=True)
@@ -71,78 +75,17 @@ class SchedulerConfig:
     long_prompt_tokens: int = 512
 
 
-class StepTimer:
-    """Running estimates of a decode step's time and of a prefill chunk's cost, from the
-    engine's measurements.
-
-    A chunk costs a fixed part (its own forward pass: about 9 ms on the 30M model, whatever its
-    length) plus a part per token. Dividing a chunk's whole cost by its tokens makes small
-    chunks look dear per token, so the next chunk is sized smaller still, down to the minimum
-    (a 2,000-token prompt was read 16 tokens a step). So single-chunk steps are fitted as
-    fixed + per-token over the last `window` of them when their sizes differ enough; while
-    they do not, a fit keeps its slope and its fixed part follows the measurements. Before
-    any fit, and for steps with several chunks, the estimate is per token (a moving average)."""
-
-    def __init__(self, weight: float = 0.3, window: int = 12):
-        self.weight = weight
-        self.decode_s: float | None = None
-        self.prefill_token_s: float | None = None
-        self.prefill_fixed_s = 0.0
-        self._chunks: deque[tuple[int, float]] = deque(maxlen=window)
-
-    def _blend(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.weight * (new - old)
-
-    def observe(self, num_decode: int, num_prefill: int, elapsed_s: float,
-                num_chunks: int = 1) -> None:
-        if num_decode and not num_prefill:
-            self.decode_s = self._blend(self.decode_s, elapsed_s)
-        elif num_prefill:
-            decode_part = (self.decode_s or 0.0) if num_decode else 0.0
-            extra = max(elapsed_s - decode_part, 0.0)
-            if num_chunks == 1:
-                self._chunks.append((num_prefill, extra))
-                if self._fit():
-                    return
-                if self.prefill_fixed_s and self.prefill_token_s:
-                    # Too little spread to refit: keep the slope, move the fixed part.
-                    residual = extra - self.prefill_token_s * num_prefill
-                    self.prefill_fixed_s = max(self._blend(self.prefill_fixed_s, residual), 0.0)
-                    return
-            self.prefill_token_s = self._blend(self.prefill_token_s, extra / num_prefill)
-            self.prefill_fixed_s = 0.0
-
-    def _fit(self) -> bool:
-        """Least squares of cost on tokens over the recent single-chunk steps; False (keep
-        the per-token average) unless it gives a positive slope and no negative fixed part."""
-        sizes = [n for n, _ in self._chunks]
-        if len(sizes) < 4 or max(sizes) < 1.5 * min(sizes):
-            return False
-        mean_n = sum(sizes) / len(sizes)
-        mean_t = sum(t for _, t in self._chunks) / len(sizes)
-        var = sum((n - mean_n) ** 2 for n in sizes)
-        slope = sum((n - mean_n) * (t - mean_t) for n, t in self._chunks) / var
-        fixed = mean_t - slope * mean_n
-        if slope <= 0 or fixed < 0:
-            return False
-        self.prefill_token_s, self.prefill_fixed_s = slope, fixed
-        return True
-
-    def chunk_for(self, extra_s: float) -> int | None:
-        """Prefill tokens that fit in `extra_s`, or None before there are measurements."""
-        if not self.decode_s or not self.prefill_token_s:
-            return None
-        return int(max(extra_s - self.prefill_fixed_s, 0.0) / self.prefill_token_s)
-
-
 class Scheduler:
     def __init__(self, config: SchedulerConfig, admit: Callable[[Sequence], int],
-                 eos_token_ids: set[int]):
+                 eos_token_ids: set[int],
+                 stop_matched: Callable[[Sequence], bool] = lambda seq: False):
         """`admit(seq)` prepares a sequence's cache (prefix-cache lookup) and returns how many of
-        its tokens are already computed."""
+        its tokens are already computed. `stop_matched(seq)` is the text side's verdict: True
+        once a stop string appears in the text of `seq.output_tokens`."""
         self.config = config
         self._admit_fn = admit
         self._eos = eos_token_ids
+        self._stop_matched = stop_matched
         self.waiting: deque[Sequence] = deque()
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -156,7 +99,24 @@ class Scheduler:
     def cancel(self, seq: Sequence) -> None:
         seq.cancelled = True
 
-    def finish(self, seq: Sequence, status: SeqStatus, error: str | None = None) -> None:
+    def abort(self, seqs: Iterable[Sequence], error: str) -> list[Sequence]:
+        """Finish `seqs` with `error` (those not finished already) and return them; their
+        caches are released at the next schedule()."""
+        aborted = [seq for seq in seqs if not seq.is_finished]
+        for seq in aborted:
+            self._finish(seq, SeqStatus.FINISHED_ERROR, error)
+        return aborted
+
+    @property
+    def in_flight(self) -> list[Sequence]:
+        """The sequences with KV state in the model step: running and prefilling."""
+        return self.running + self.prefilling
+
+    @property
+    def unfinished(self) -> list[Sequence]:
+        return list(self.waiting) + self.in_flight
+
+    def _finish(self, seq: Sequence, status: SeqStatus, error: str | None = None) -> None:
         """Mark a sequence finished; its cache is released at the next schedule()."""
         if seq.is_finished:
             return
@@ -216,11 +176,8 @@ class Scheduler:
         return max(size, self.config.min_prefill_chunk)
 
     def _reap_cancelled(self) -> None:
-        for seq in [s for s in self._all_active() if s.cancelled]:
-            self.finish(seq, SeqStatus.FINISHED_CANCELLED)
-
-    def _all_active(self) -> list[Sequence]:
-        return list(self.waiting) + self.running + self.prefilling
+        for seq in [s for s in self.unfinished if s.cancelled]:
+            self._finish(seq, SeqStatus.FINISHED_CANCELLED)
 
     def _kv_tokens(self) -> int:
         return sum(s.num_tokens for s in self.running) + \
@@ -267,7 +224,7 @@ class Scheduler:
         for seq_id, message in result.failed.items():
             seq = next((s for s in self._plan_seqs(plan) if s.seq_id == seq_id), None)
             if seq is not None and not seq.is_finished:
-                self.finish(seq, SeqStatus.FINISHED_ERROR, message)
+                self._finish(seq, SeqStatus.FINISHED_ERROR, message)
                 touched.append(seq)
         for seq in plan.decode:
             if seq.is_finished or seq.seq_id not in result.tokens:
@@ -293,9 +250,18 @@ class Scheduler:
         return list(plan.decode) + [c.seq for c in plan.prefills]
 
     def _append(self, seq: Sequence, token: int) -> None:
+        if token not in self._eos:  # EOS ends the sequence without becoming output
+            seq.output_tokens.append(token)
+        status = self._finish_status(seq, token)
+        if status is not None:
+            self._finish(seq, status)
+
+    def _finish_status(self, seq: Sequence, token: int) -> SeqStatus | None:
+        """The one place that decides a sequence is done, after it took `token`."""
         if token in self._eos:
-            self.finish(seq, SeqStatus.FINISHED_STOPPED)
-            return
-        seq.output_tokens.append(token)
+            return SeqStatus.FINISHED_STOPPED
         if len(seq.output_tokens) >= seq.max_new_tokens or seq.num_tokens >= seq.context_length:
-            self.finish(seq, SeqStatus.FINISHED_LENGTH)
+            return SeqStatus.FINISHED_LENGTH
+        if self._stop_matched(seq):
+            return SeqStatus.FINISHED_STOPPED
+        return None

@@ -1,6 +1,7 @@
-"""The runner's HTTP face: /v1/status, /v1/completions (alias /completion), /v1/tokenize,
-/v1/detokenize, /v1/embeddings. Validation happens here, before a request is queued, so bad
-input is a 4xx and never a broken stream."""
+"""The runner's HTTP face: /v1/status, /v1/completions, /v1/tokenize, /v1/detokenize,
+/v1/embeddings. Validation happens here, before a request is queued, so bad input is a 4xx and
+never a broken stream. Nothing here calls MLX: sequences are built without MLX state, and the
+engine thread does all MLX work."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from mlxr.shared.protocol import CompletionRequest, EmbedRequest
 from mlxr.runner.embed.embeddings import embed
 from mlxr.runner.engine import Engine
 from mlxr.runner.grammar import make_grammar
+from mlxr.runner.request import make_sequence
 
 log = logging.getLogger("mlxr.runner")
 
@@ -136,8 +138,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
             len(tokens))
 
     outbox: asyncio.Queue = asyncio.Queue()
-    seq = engine.make_sequence(next(request.app[SEQ_IDS]), tokens, req.options, req.logprobs,
-                               req.top_logprobs, outbox.put_nowait, grammar=grammar)
+    seq = make_sequence(next(request.app[SEQ_IDS]), tokens, req.options, num_ctx, req.logprobs,
+                        req.top_logprobs, outbox.put_nowait, grammar=grammar)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
     engine.submit(seq)
@@ -177,9 +179,7 @@ def make_app(config: RunnerConfig) -> web.Application:
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     app.router.add_get("/v1/status", status)
-    app.router.add_get("/health", status)
     app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/completion", completions)
     app.router.add_post("/v1/tokenize", tokenize)
     app.router.add_post("/v1/detokenize", detokenize)
     app.router.add_post("/v1/embeddings", embeddings)

@@ -1,4 +1,4 @@
-"""Host-side text for one request: incremental detokenization and stop strings.
+"""Host-side text for one request: incremental detokenization and stop strings. Imports no mlx.
 
 Invariants:
 - Emitted text never ends inside a UTF-8 character: a window whose decoding ends in U+FFFD is
@@ -76,3 +76,11 @@ class TextStream:
             if any(s.startswith(tail) for s in self._stops):
                 return k
         return 0
+
+
+def fast_decode(tokenizer, skip_special: bool) -> Decode:
+    """The Rust tokenizer's decode when there is one (no Python overhead per call)."""
+    inner = getattr(getattr(tokenizer, "_tokenizer", None), "_tokenizer", None)
+    if inner is not None and hasattr(inner, "decode"):
+        return lambda ids: inner.decode(ids, skip_special_tokens=skip_special)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special)

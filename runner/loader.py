@@ -1,0 +1,101 @@
+"""Loading what a runner serves, on the engine thread: a language model (mlx_lm) with its model
+step, prefix cache and scheduler, or an encoder that only embeds.
+
+mlx and mlx_lm are imported inside the functions, so importing this module (the server does,
+for the types) loads no MLX on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import psutil
+
+from mlxr.shared.config import RunnerConfig
+from mlxr.runner.prefix_cache import PrefixCache
+from mlxr.runner.request import Sequence
+from mlxr.runner.scheduler import Scheduler, SchedulerConfig
+from mlxr.runner.text_stream import fast_decode
+
+if TYPE_CHECKING:
+    from mlxr.runner.model_step import ModelStep
+
+log = logging.getLogger("mlxr.runner")
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: Any
+    tokenizer: Any  # mlx_lm TokenizerWrapper, or the encoder's tokenizer
+    max_context: int
+    bytes_per_token: int
+    vocab_size: int
+    capabilities: list[str] = field(default_factory=lambda: ["completion"])
+    embedder: Any = None  # runner.embed.embeddings.Embedder, or None: no embeddings
+    # A language model's machinery; None for an encoder, which the engine serves through
+    # Engine.call only.
+    model_step: ModelStep | None = None
+    prefix_cache: PrefixCache | None = None
+
+
+def load_model(config: RunnerConfig, blas: str,
+               on_progress: Callable[[float], None]) -> LoadedModel:
+    """Load `config.model_dir`; `blas` describes the BLAS in use (for the log)."""
+    from mlx_lm.utils import load
+
+    from mlxr.runner.embed.embeddings import LMEmbedder, is_encoder_dir, load_encoder_embedder
+    from mlxr.runner.model_step import ModelStep
+
+    if is_encoder_dir(config.model_dir):
+        emb = load_encoder_embedder(config.model_dir, config.context_length)
+        return LoadedModel(emb.model, emb.tokenizer, emb.max_length, 1, emb.vocab_size,
+                           ["embedding"], emb)
+    model, tokenizer, model_config = load(config.model_dir, return_config=True)
+    on_progress(0.9)
+    max_context = int(model_config.get("max_position_embeddings")
+                      or getattr(tokenizer, "model_max_length", 0) or 1 << 20)
+    prefix_cache = PrefixCache(max_bytes=config.prefix_cache_bytes)
+    token_text = fast_decode(tokenizer, skip_special=False)
+    step = ModelStep(model, prefix_cache, lambda token: token_text([token]))
+    log.info("blas: %s", blas)
+    log.info("decode head: %s", "BLAS matrix-vector products for 1-2 rows"
+             if step.host_head is not None else "MLX")
+    bytes_per_token = _kv_bytes_per_token(model)
+    vocab_size = int(model_config.get("vocab_size") or len(tokenizer._tokenizer))
+    embedder = None if step.split.body is None else LMEmbedder.make(
+        model, step.split.body, tokenizer, min(config.context_length, max_context), vocab_size)
+    return LoadedModel(model, tokenizer, max_context, bytes_per_token, vocab_size,
+                       embedder=embedder, model_step=step, prefix_cache=prefix_cache)
+
+
+def make_scheduler(config: RunnerConfig, loaded: LoadedModel,
+                   stop_matched: Callable[[Sequence], bool]) -> Scheduler:
+    """The scheduler for `loaded`, its KV budget from the config or half the free memory."""
+    if loaded.model_step is None:
+        # Never fed: the server refuses completions for an embedding-only model.
+        return Scheduler(SchedulerConfig(), admit=lambda seq: 0, eos_token_ids=set())
+    budget_bytes = config.kv_cache_bytes or int(psutil.virtual_memory().available * 0.5)
+    return Scheduler(
+        SchedulerConfig(max_running=config.num_parallel,
+                        prefill_chunk=config.prefill_chunk,
+                        step_token_budget=config.step_token_budget,
+                        kv_token_budget=max(budget_bytes // max(loaded.bytes_per_token, 1), 1)),
+        admit=loaded.model_step.admit, eos_token_ids=set(loaded.tokenizer.eos_token_ids),
+        stop_matched=stop_matched)
+
+
+def _kv_bytes_per_token(model) -> int:
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    caches = make_prompt_cache(model)
+    model(mx.array([[1]]), cache=caches)
+    total = 0
+    for c in caches:
+        state = c.state
+        if isinstance(state, tuple) and len(state) >= 2 and hasattr(state[0], "shape"):
+            keys, values = state[0], state[1]
+            total += (keys.nbytes + values.nbytes) // max(keys.shape[2], 1)
+    return max(total, 1)
