@@ -1,18 +1,29 @@
-"""One middleware renders every error: Ollama's `{"error": "..."}` on /api routes, OpenAI's
-error object on /v1 routes. Handlers raise `shared.errors.MlxrError` subclasses."""
+"""The app's middlewares (the access log and metrics middleware is supervisor/metrics.py's).
+
+- Errors: one middleware renders every error, Ollama's `{"error": "..."}` on /api routes and
+  OpenAI's error object on /v1 routes. Handlers raise `shared.errors.MlxrError` subclasses.
+- CORS: preflights from allowed origins are answered, and every response to an allowed origin
+  gets its headers just before they are sent (streams included).
+- API key: with MLXR_API_KEY set, every route but `OPEN_PATHS` needs it as a bearer token.
+"""
 
 from __future__ import annotations
 
-import json
+import fnmatch
+import hmac
 import logging
 from typing import Any
 
 from aiohttp import web
 
-from mlxr.shared.errors import InvalidRequest, MlxrError
+from mlxr.shared.errors import MlxrError, Unauthorized
 
 log = logging.getLogger("mlxr.http")
 
+OPEN_PATHS = ("/", "/api/version", "/metrics")
+
+
+# -- errors ------------------------------------------------------------------------------------
 
 def is_openai_path(path: str) -> bool:
     return path.startswith("/v1/")
@@ -47,15 +58,58 @@ async def error_middleware(request: web.Request, handler):
         return error_response(MlxrError(f"internal error: {exc}"), request.path)
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object; an empty body is `{}`. Bad JSON is a 400."""
-    raw = await request.read()
-    if not raw.strip():
-        return {}
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"invalid JSON body: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    return data
+# -- CORS --------------------------------------------------------------------------------------
+
+def _default_origins() -> tuple[str, ...]:
+    """Ollama's defaults: local pages on any port, and app/file/editor webviews."""
+    hosts = ("localhost", "127.0.0.1", "0.0.0.0", "[::1]")
+    return tuple(f"{scheme}://{h}{port}" for scheme in ("http", "https") for h in hosts
+                 for port in ("", ":*")) + (
+        "app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*")
+
+
+class Cors:
+    """Browser pages may call the API from allowed origins (MLXR_ORIGINS / OLLAMA_ORIGINS add
+    to Ollama's defaults; "*" allows any). `preflight` is a middleware; `on_prepare` goes in
+    the app's `on_response_prepare`."""
+
+    def __init__(self, extra: tuple[str, ...]):
+        self.allowed = _default_origins() + tuple(extra)
+
+    def origin(self, request: web.Request) -> str | None:
+        origin = request.headers.get("Origin")
+        if origin and any(fnmatch.fnmatchcase(origin, p) for p in self.allowed):
+            return origin
+        return None
+
+    @web.middleware
+    async def preflight(self, request: web.Request, handler):
+        if request.method == "OPTIONS" and self.origin(request):
+            return web.Response(status=204, headers={
+                "Access-Control-Allow-Methods": "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS",
+                "Access-Control-Allow-Headers": request.headers.get(
+                    "Access-Control-Request-Headers", "Authorization, Content-Type"),
+                "Access-Control-Max-Age": "600"})
+        return await handler(request)
+
+    async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        origin = self.origin(request)
+        if origin:
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Vary"] = "Origin"
+
+
+# -- API key -----------------------------------------------------------------------------------
+
+def make_api_key_middleware(key: str):
+    expected = f"Bearer {key}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler):
+        if request.path not in OPEN_PATHS and request.method != "OPTIONS":
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                raise Unauthorized("invalid or missing API key")
+        return await handler(request)
+
+    return check

@@ -1,22 +1,137 @@
 """OpenAI's /v1 routes: a second thin skin over the same service as the Ollama routes.
 
-Streams are server-sent events ending with `data: [DONE]`; an error after the stream began is
-sent as an event carrying OpenAI's error object (the official client raises it)."""
+Requests are parsed in body.py; `n` choices run concurrently in the runner's batch (a given
+`seed` becomes seed + choice index, so choices differ but stay reproducible). Streams are
+server-sent events ending with `data: [DONE]`; an error after the stream began is sent as an
+event carrying OpenAI's error object (the official client raises it). Without `stream`, each
+choice's events are folded (`inference.types.fold`) into one reply.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import secrets
+import sys
+import time
+from array import array
 from typing import Any, AsyncIterator
 
 from aiohttp import web
 
 from mlxr.shared.errors import MlxrError, ModelNotFound
 from mlxr.shared.ndjson import dumps_line
-from mlxr.supervisor.api import openai_compat as oa
-from mlxr.supervisor.api.ollama import SERVICE
-from mlxr.supervisor.api.middleware import error_body, read_json
-from mlxr.supervisor.inference.service import Completion, Delta, Final
+from mlxr.supervisor.api.body import (OpenAICommon, parse_openai_chat, parse_openai_completion,
+                                      parse_openai_embeddings, read_json)
+from mlxr.supervisor.api.keys import SERVICE, STORE
+from mlxr.supervisor.api.middleware import error_body
+from mlxr.supervisor.inference.types import (ChatRequest, Completion, Delta, Final,
+                                             GenerateRequest, Reply, fold)
 
+FINISH = {"stop": "stop", "length": "length"}
+
+
+# -- the service's requests, one per choice ----------------------------------------------------
+
+def choice_options(common: OpenAICommon, index: int) -> dict[str, Any]:
+    options = dict(common.options)
+    if index and "seed" in options:
+        options["seed"] = options["seed"] + index
+    return options
+
+
+def chat_request(common: OpenAICommon, messages: list[dict[str, Any]],
+                 tools: list[dict[str, Any]], index: int) -> ChatRequest:
+    return ChatRequest(model=common.model, messages=messages, tools=tools, format=common.format,
+                       options=choice_options(common, index), logprobs=common.logprobs,
+                       top_logprobs=common.top_logprobs, force_call=common.force_call)
+
+
+def generate_request(common: OpenAICommon, prompt: str, suffix: str,
+                     index: int) -> GenerateRequest:
+    return GenerateRequest(model=common.model, prompt=prompt, suffix=suffix, raw=not suffix,
+                           format=common.format, options=choice_options(common, index),
+                           logprobs=common.logprobs, top_logprobs=common.top_logprobs)
+
+
+# -- response shapes ---------------------------------------------------------------------------
+
+def tool_calls_to_openai(calls: list[dict[str, Any]], start: int = 0) -> list[dict[str, Any]]:
+    return [{"index": start + i, "id": c.get("id") or f"call_{secrets.token_hex(6)}",
+             "type": "function",
+             "function": {"name": c["function"]["name"],
+                          "arguments": json.dumps(c["function"].get("arguments", {}))}}
+            for i, c in enumerate(calls)]
+
+
+def logprobs_to_openai(entries: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    out = []
+    for e in entries or []:
+        out.append({"token": e["token"], "logprob": e["logprob"],
+                    "bytes": list(e["token"].encode()),
+                    "top_logprobs": [{"token": t["token"], "logprob": t["logprob"],
+                                      "bytes": list(t["token"].encode())}
+                                     for t in e.get("top_logprobs", [])]})
+    return out
+
+
+def completion_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not entries:
+        return None
+    return {"tokens": [e["token"] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e.get("top_logprobs", [])}
+                             for e in entries],
+            "text_offset": []}
+
+
+def finish_reason(final: Final, saw_tool_calls: bool) -> str:
+    if saw_tool_calls:
+        return "tool_calls"
+    return FINISH.get(final.done_reason, "stop")
+
+
+def usage(finals: list[Final]) -> dict[str, Any]:
+    prompt = finals[0].prompt_eval_count if finals else 0
+    completion = sum(f.eval_count for f in finals)
+    cached = finals[0].prompt_eval_cached_count if finals else 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def envelope(kind: str, ident: str, model: str, **fields: Any) -> dict[str, Any]:
+    return {"id": ident, "object": kind, "created": int(time.time()), "model": model,
+            "system_fingerprint": "fp_mlxr", **fields}
+
+
+def chat_delta(delta: Delta, tool_index: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if delta.content:
+        out["content"] = delta.content
+    if delta.thinking:
+        out["reasoning"] = delta.thinking
+    if delta.tool_calls:
+        out["tool_calls"] = tool_calls_to_openai(delta.tool_calls, tool_index)
+    return out
+
+
+def encode_embedding(vector: list[float], encoding: str) -> list[float] | str:
+    """OpenAI's base64 form is the little-endian float32 bytes of the vector."""
+    if encoding == "float":
+        return vector
+    data = array("f", vector)
+    if sys.byteorder == "big":
+        data.byteswap()
+    return base64.b64encode(data.tobytes()).decode()
+
+
+# -- running the choices -----------------------------------------------------------------------
 
 async def _start(starts) -> list[Completion]:
     """Start every choice's completion; if one fails, close those already started."""
@@ -64,6 +179,14 @@ async def _merged(completions: list[Completion]) -> AsyncIterator[tuple[int, Del
             t.cancel()
 
 
+async def _fold_all(completions: list[Completion]) -> list[Reply]:
+    """Each choice's whole reply, the choices run concurrently."""
+    events: list[list[Delta | Final]] = [[] for _ in completions]
+    async for i, event in _merged(completions):
+        events[i].append(event)
+    return [fold(e) for e in events]
+
+
 class _SSE:
     def __init__(self, request: web.Request):
         self.request = request
@@ -85,59 +208,49 @@ class _SSE:
         return self.response
 
 
+# -- handlers ----------------------------------------------------------------------------------
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    common, messages, tools = oa.parse_chat(await read_json(request))
+    common, messages, tools = parse_openai_chat(await read_json(request))
     service = request.app[SERVICE]
     completions = await _start(
-        [lambda i=i: service.chat(oa.chat_request(common, messages, tools, i))
+        [lambda i=i: service.chat(chat_request(common, messages, tools, i))
          for i in range(common.n)])
     try:
         if common.stream:
             return await _stream_chat(request, common, completions)
-        return web.json_response(await _collect_chat(common, completions))
+        return web.json_response(_chat_reply(common, await _fold_all(completions)))
     finally:
         for c in completions:
             await c.aclose()
 
 
-async def _collect_chat(common: oa.Common, completions: list[Completion]) -> dict[str, Any]:
-    n = len(completions)
-    text, thinking = [[] for _ in range(n)], [[] for _ in range(n)]
-    calls, logprobs = [[] for _ in range(n)], [[] for _ in range(n)]
-    finals: list[Final | None] = [None] * n
-    async for i, event in _merged(completions):
-        if isinstance(event, Final):
-            finals[i] = event
-            continue
-        text[i].append(event.content)
-        thinking[i].append(event.thinking)
-        calls[i] += event.tool_calls
-        logprobs[i] += event.logprobs or []
+def _chat_reply(common: OpenAICommon, replies: list[Reply]) -> dict[str, Any]:
     choices = []
-    for i in range(n):
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(text[i])}
-        if any(thinking[i]):
-            message["reasoning"] = "".join(thinking[i])
-        if calls[i]:
-            message["tool_calls"] = oa.tool_calls_to_openai(calls[i])
+    for i, reply in enumerate(replies):
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.thinking:
+            message["reasoning"] = reply.thinking
+        if reply.tool_calls:
+            message["tool_calls"] = tool_calls_to_openai(reply.tool_calls)
         choices.append({"index": i, "message": message,
-                        "logprobs": {"content": oa.logprobs_to_openai(logprobs[i])}
+                        "logprobs": {"content": logprobs_to_openai(reply.logprobs)}
                         if common.logprobs else None,
-                        "finish_reason": oa.finish_reason(finals[i], bool(calls[i]))})
-    return oa.envelope("chat.completion", oa.new_id("chatcmpl"), common.model, choices=choices,
-                       usage=oa.usage([f for f in finals if f is not None]))
+                        "finish_reason": finish_reason(reply.final, bool(reply.tool_calls))})
+    return envelope("chat.completion", new_id("chatcmpl"), common.model, choices=choices,
+                    usage=usage([r.final for r in replies]))
 
 
-async def _stream_chat(request: web.Request, common: oa.Common,
+async def _stream_chat(request: web.Request, common: OpenAICommon,
                        completions: list[Completion]) -> web.StreamResponse:
     sse = _SSE(request)
     await sse.open()
-    ident, n = oa.new_id("chatcmpl"), len(completions)
+    ident, n = new_id("chatcmpl"), len(completions)
     tool_counts, finals = [0] * n, []
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, lp=None):
         choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
-        return oa.envelope("chat.completion.chunk", ident, common.model, choices=[choice])
+        return envelope("chat.completion.chunk", ident, common.model, choices=[choice])
 
     for i in range(n):
         await sse.send(chunk(i, {"role": "assistant", "content": ""}))
@@ -145,95 +258,86 @@ async def _stream_chat(request: web.Request, common: oa.Common,
         async for i, event in _merged(completions):
             if isinstance(event, Final):
                 finals.append(event)
-                await sse.send(chunk(i, {}, oa.finish_reason(event, tool_counts[i] > 0)))
+                await sse.send(chunk(i, {}, finish_reason(event, tool_counts[i] > 0)))
                 continue
-            delta = oa.chat_delta(event, tool_counts[i])
+            delta = chat_delta(event, tool_counts[i])
             tool_counts[i] += len(event.tool_calls)
-            lp = {"content": oa.logprobs_to_openai(event.logprobs)} if common.logprobs else None
+            lp = {"content": logprobs_to_openai(event.logprobs)} if common.logprobs else None
             if delta or lp:
                 await sse.send(chunk(i, delta, None, lp))
     except MlxrError as err:
         return await sse.close(err)
     if common.include_usage:
-        await sse.send(oa.envelope("chat.completion.chunk", ident, common.model, choices=[],
-                                   usage=oa.usage(finals)))
+        await sse.send(envelope("chat.completion.chunk", ident, common.model, choices=[],
+                                usage=usage(finals)))
     return await sse.close()
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    common, prompts, suffix = oa.parse_completion(await read_json(request))
+    common, prompts, suffix = parse_openai_completion(await read_json(request))
     service = request.app[SERVICE]
     plan = [(p, j) for p in prompts for j in range(common.n)]
     started = await _start([lambda p=p, j=j: service.generate(
-        oa.generate_request(common, p, suffix, j)) for p, j in plan])
+        generate_request(common, p, suffix, j)) for p, j in plan])
     try:
         if common.stream:
             return await _stream_completions(request, common, started)
-        return web.json_response(await _collect_completions(common, started))
+        return web.json_response(_completions_reply(common, await _fold_all(started)))
     finally:
         for c in started:
             await c.aclose()
 
 
-async def _collect_completions(common: oa.Common, started: list[Completion]) -> dict[str, Any]:
-    n = len(started)
-    text, logprobs = [[] for _ in range(n)], [[] for _ in range(n)]
-    finals: list[Final | None] = [None] * n
-    async for i, event in _merged(started):
-        if isinstance(event, Final):
-            finals[i] = event
-        else:
-            text[i].append(event.content)
-            logprobs[i] += event.logprobs or []
-    choices = [{"index": i, "text": "".join(text[i]),
-                "logprobs": oa.completion_logprobs(logprobs[i]) if common.logprobs else None,
-                "finish_reason": oa.finish_reason(finals[i], False)} for i in range(n)]
+def _completions_reply(common: OpenAICommon, replies: list[Reply]) -> dict[str, Any]:
+    choices = [{"index": i, "text": reply.content,
+                "logprobs": completion_logprobs(reply.logprobs) if common.logprobs else None,
+                "finish_reason": finish_reason(reply.final, False)}
+               for i, reply in enumerate(replies)]
     # Each prompt is counted once in the usage, however many choices it has.
-    per_prompt = [f for i, f in enumerate(finals) if f is not None and i % common.n == 0]
-    usage = oa.usage([f for f in finals if f is not None])
-    usage["prompt_tokens"] = sum(f.prompt_eval_count for f in per_prompt)
-    usage["prompt_tokens_details"]["cached_tokens"] = sum(f.prompt_eval_cached_count
-                                                          for f in per_prompt)
-    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-    return oa.envelope("text_completion", oa.new_id("cmpl"), common.model, choices=choices,
-                       usage=usage)
+    per_prompt = [r.final for i, r in enumerate(replies) if i % common.n == 0]
+    out = usage([r.final for r in replies])
+    out["prompt_tokens"] = sum(f.prompt_eval_count for f in per_prompt)
+    out["prompt_tokens_details"]["cached_tokens"] = sum(f.prompt_eval_cached_count
+                                                        for f in per_prompt)
+    out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
+    return envelope("text_completion", new_id("cmpl"), common.model, choices=choices,
+                    usage=out)
 
 
-async def _stream_completions(request: web.Request, common: oa.Common,
+async def _stream_completions(request: web.Request, common: OpenAICommon,
                               started: list[Completion]) -> web.StreamResponse:
     sse = _SSE(request)
     await sse.open()
-    ident, finals = oa.new_id("cmpl"), []
+    ident, finals = new_id("cmpl"), []
     try:
         async for i, event in _merged(started):
             if isinstance(event, Final):
                 finals.append((i, event))
                 choice = {"index": i, "text": "", "logprobs": None,
-                          "finish_reason": oa.finish_reason(event, False)}
+                          "finish_reason": finish_reason(event, False)}
             elif event.content or event.logprobs:
                 choice = {"index": i, "text": event.content, "finish_reason": None,
-                          "logprobs": oa.completion_logprobs(event.logprobs or [])
+                          "logprobs": completion_logprobs(event.logprobs or [])
                           if common.logprobs else None}
             else:
                 continue
-            await sse.send(oa.envelope("text_completion", ident, common.model, choices=[choice]))
+            await sse.send(envelope("text_completion", ident, common.model, choices=[choice]))
     except MlxrError as err:
         return await sse.close(err)
     if common.include_usage:
         per_prompt = [f for i, f in finals if i % common.n == 0]
-        usage = oa.usage([f for _, f in finals])
-        usage["prompt_tokens"] = sum(f.prompt_eval_count for f in per_prompt)
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        await sse.send(oa.envelope("text_completion", ident, common.model, choices=[],
-                                   usage=usage))
+        out = usage([f for _, f in finals])
+        out["prompt_tokens"] = sum(f.prompt_eval_count for f in per_prompt)
+        out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
+        await sse.send(envelope("text_completion", ident, common.model, choices=[],
+                                usage=out))
     return await sse.close()
 
 
 async def embeddings(request: web.Request) -> web.Response:
-    body = await read_json(request)
-    call, encoding = oa.parse_embeddings(body)
+    call, encoding = parse_openai_embeddings(await read_json(request))
     result = await request.app[SERVICE].embed(call)
-    data = [{"object": "embedding", "index": i, "embedding": oa.encode_embedding(v, encoding)}
+    data = [{"object": "embedding", "index": i, "embedding": encode_embedding(v, encoding)}
             for i, v in enumerate(result.embeddings)]
     return web.json_response({"object": "list", "data": data, "model": call.model,
                               "usage": {"prompt_tokens": result.prompt_eval_count,
@@ -247,23 +351,14 @@ def _model_json(record: Any) -> dict[str, Any]:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    records = request.app[SERVICE].store.list()
+    records = request.app[STORE].list()
     return web.json_response({"object": "list", "data": [_model_json(r) for r in records]})
 
 
 async def get_model(request: web.Request) -> web.Response:
     name = request.match_info["model"]
     try:
-        record = request.app[SERVICE].store.resolve(name)
+        record = request.app[STORE].resolve(name)
     except ModelNotFound:
         raise ModelNotFound(f"The model '{name}' does not exist", param="model") from None
     return web.json_response(_model_json(record))
-
-
-def add_openai_routes(app: web.Application) -> None:
-    r = app.router
-    r.add_post("/v1/chat/completions", chat_completions)
-    r.add_post("/v1/completions", completions)
-    r.add_post("/v1/embeddings", embeddings)
-    r.add_get("/v1/models", list_models)
-    r.add_get("/v1/models/{model:.+}", get_model)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.metadata
 import json
 import logging
 import sys
@@ -20,17 +19,11 @@ from mlxr.shared.config import Settings, parse_duration, parse_host
 from mlxr.shared.errors import InvalidRequest
 from mlxr.supervisor.cli.client import ApiClient, CliError, ServerError, file_digest
 from mlxr.supervisor.cli.format import models_table, running_table, show_info
+from mlxr.supervisor.version import version
 
 DEMO_MODEL = "demo"
 DEMO_PRESET = "small"
 DEMO_NUM_PREDICT = 64
-
-
-def version() -> str:
-    try:
-        return importlib.metadata.version("mlxr")
-    except importlib.metadata.PackageNotFoundError:
-        return "0.1.0"
 
 
 def settings_from(host: str | None = None, models: str | None = None, **overrides) -> Settings:

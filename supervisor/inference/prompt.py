@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import json
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -83,7 +82,6 @@ class JinjaRenderer:
             raise TemplateRenderError(f"invalid chat template: {exc}") from None
         self._special = special_tokens
         self.thinking_tags = thinking_tags_for(source)
-        self.mentions_tools = "tools" in source
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
              think: bool | None = None) -> str:
@@ -113,7 +111,6 @@ class GoRenderer:
         self._template = GoTemplate(source)
         self.supports_insert = "suffix" in self._template.vars
         self.thinking_tags = thinking_tags_for(source)
-        self.mentions_tools = "tools" in self._template.vars
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
              think: bool | None = None) -> str:
@@ -182,11 +179,3 @@ def renderer_for(model_dir: Path, modelfile_template: str | None = None,
         _cache.pop(next(iter(_cache)))
     _cache[key] = renderer
     return renderer
-
-
-@dataclass(slots=True)
-class Prompt:
-    text: str
-    add_special: bool
-    # The prompt already opens a thinking block (the template wrote the opening tag).
-    opens_thinking: bool = False

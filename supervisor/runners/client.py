@@ -214,10 +214,6 @@ class RunnerClient:
                                                       "add_special": add_special})
         return list(data["tokens"])
 
-    async def detokenize(self, tokens: list[int]) -> str:
-        data = await self._post_json("/v1/detokenize", {"tokens": tokens})
-        return data["content"]
-
     async def embed(self, request: EmbedRequest) -> EmbedResponse:
         return EmbedResponse.from_dict(await self._post_json("/v1/embeddings", request.to_dict()))
 

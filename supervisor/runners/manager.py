@@ -113,7 +113,7 @@ class Lease:
 
 
 class RunnerManager:
-    def __init__(self, settings: Settings, factory: Callable[[LoadSpec], Awaitable[Any]], *,
+    def __init__(self, settings: Settings, factory: Callable[[LoadSpec], Awaitable[Runner]], *,
                  clock: Clock | None = None,
                  available_memory: Callable[[], int] = memory.available_bytes):
         self.settings = settings

@@ -59,6 +59,15 @@ class ModelRecord:
     model_info: dict
 
 
+def model_details(record: Any) -> dict[str, Any]:
+    """Ollama's `details` object from a record's config blob (/api/tags, /api/show, /api/ps)."""
+    c = getattr(record, "config", None) or {}
+    return {"parent_model": "", "format": c.get("model_format") or "",
+            "family": c.get("model_family") or "", "families": c.get("model_families"),
+            "parameter_size": c.get("model_type") or "",
+            "quantization_level": c.get("file_type") or ""}
+
+
 class CorruptModel(MlxrError):
     status = 500
 

@@ -13,8 +13,9 @@ import ollama
 import pytest
 from aiohttp import web
 
-from mlxr.supervisor.api.store import add_store_routes
+from mlxr.supervisor.api.keys import STORE
 from mlxr.supervisor.api.middleware import error_middleware
+from mlxr.supervisor.app import STORE_ROUTES
 from mlxr.supervisor.store.store import Store
 from tests.harness.registry import free_port
 
@@ -31,7 +32,8 @@ def server(tmp_path):
         nonlocal stop
         stop = asyncio.Event()
         app = web.Application(middlewares=[error_middleware])
-        add_store_routes(app, store)
+        app[STORE] = store
+        app.add_routes(STORE_ROUTES)
         runner = web.AppRunner(app)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()

@@ -1,11 +1,13 @@
 import pytest
 
 from mlxr.shared.errors import InvalidRequest
-from mlxr.supervisor.api import openai_compat as oa
+from mlxr.supervisor.api import openai as oa
+from mlxr.supervisor.api.body import (message_to_ollama, parse_openai_chat, parse_openai_completion,
+                                      parse_response_format)
 
 
 def test_chat_parameters_map_to_ollama_options():
-    common, messages, tools = oa.parse_chat({
+    common, messages, tools = parse_openai_chat({
         "model": "m", "messages": [{"role": "developer", "content": "be brief"},
                                    {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
         "max_completion_tokens": 7, "temperature": 0, "stop": "END", "seed": 3, "n": 2,
@@ -20,7 +22,7 @@ def test_chat_parameters_map_to_ollama_options():
 
 
 def test_assistant_tool_calls_are_translated_back():
-    m = oa.message_to_ollama({"role": "assistant", "content": None, "tool_calls": [
+    m = message_to_ollama({"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]})
     assert m == {"role": "assistant", "content": "",
@@ -43,24 +45,24 @@ def test_assistant_tool_calls_are_translated_back():
 ])
 def test_bad_chat_requests_name_the_parameter(body, param):
     with pytest.raises(InvalidRequest) as info:
-        oa.parse_chat(body)
+        parse_openai_chat(body)
     assert info.value.param == param and info.value.status == 400
 
 
 def test_response_format_becomes_ollama_format():
-    assert oa.parse_response_format({"response_format": {"type": "json_object"}}) == "json"
+    assert parse_response_format({"response_format": {"type": "json_object"}}) == "json"
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     body = {"response_format": {"type": "json_schema",
                                 "json_schema": {"name": "x", "schema": schema, "strict": True}}}
-    assert oa.parse_response_format(body) == schema
-    assert oa.parse_response_format({"response_format": {"type": "text"}}) is None
+    assert parse_response_format(body) == schema
+    assert parse_response_format({"response_format": {"type": "text"}}) is None
 
 
 def test_completion_prompts_and_logprobs():
-    common, prompts, suffix = oa.parse_completion({"model": "m", "prompt": ["a", "b"],
-                                                   "logprobs": 2, "max_tokens": 5})
+    common, prompts, suffix = parse_openai_completion({"model": "m", "prompt": ["a", "b"],
+                                                       "logprobs": 2, "max_tokens": 5})
     assert prompts == ["a", "b"] and common.logprobs and common.top_logprobs == 2
     req = oa.generate_request(common, "a", "", 0)
     assert req.raw and req.options["num_predict"] == 5
     with pytest.raises(InvalidRequest):
-        oa.parse_completion({"model": "m", "prompt": 5})
+        parse_openai_completion({"model": "m", "prompt": 5})

@@ -16,9 +16,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from mlxr.shared.config import Settings
 from mlxr.shared.errors import InvalidRequest
 from mlxr.shared.protocol import Chunk
-from mlxr.supervisor.api import openai_compat as oa
+from mlxr.supervisor.api.body import parse_openai_chat, parse_response_format
 from mlxr.supervisor.app import make_app
-from mlxr.supervisor.inference.service import wire_format
+from mlxr.supervisor.inference.prepare import wire_format
 from mlxr.supervisor.inference.tool_calls import ForcedCall, ForcedCallParser, forced_call_schema
 from tests.unit.inference.test_service import InProcessRunner, StubStore
 
@@ -91,30 +91,30 @@ def test_forced_call_parser_returns_a_cut_document_as_content():
 
 def test_openai_tool_choice():
     base = {"model": "m", "messages": USER, "tools": [WEATHER]}
-    assert oa.parse_chat({**base, "tool_choice": "auto"})[0].force_call is None
-    assert oa.parse_chat({**base, "tool_choice": "none"})[2] == []
-    assert oa.parse_chat({**base, "tool_choice": "required"})[0].force_call == ForcedCall()
+    assert parse_openai_chat({**base, "tool_choice": "auto"})[0].force_call is None
+    assert parse_openai_chat({**base, "tool_choice": "none"})[2] == []
+    assert parse_openai_chat({**base, "tool_choice": "required"})[0].force_call == ForcedCall()
     named = {"type": "function", "function": {"name": "get_weather"}}
-    assert oa.parse_chat({**base, "tool_choice": named})[0].force_call == \
+    assert parse_openai_chat({**base, "tool_choice": named})[0].force_call == \
         ForcedCall("get_weather")
     for bad in ("always", {"type": "function"}, {"type": "custom", "custom": {"name": "x"}}):
         with pytest.raises(InvalidRequest) as info:
-            oa.parse_chat({**base, "tool_choice": bad})
+            parse_openai_chat({**base, "tool_choice": bad})
         assert info.value.param == "tool_choice"
     with pytest.raises(InvalidRequest, match="needs tools"):
-        oa.parse_chat({"model": "m", "messages": USER, "tool_choice": "required"})
+        parse_openai_chat({"model": "m", "messages": USER, "tool_choice": "required"})
 
 
 def test_openai_format_sources():
-    assert oa.parse_response_format({"format": "json"}) == "json"
+    assert parse_response_format({"format": "json"}) == "json"
     schema = {"type": "object"}
     strict = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema,
                                                      "strict": True}}
-    assert oa.parse_response_format({"response_format": strict}) == schema
+    assert parse_response_format({"response_format": strict}) == schema
     with pytest.raises(InvalidRequest, match="not both"):
-        oa.parse_response_format({"response_format": strict, "format": "json"})
+        parse_response_format({"response_format": strict, "format": "json"})
     with pytest.raises(InvalidRequest, match="strict must be a boolean"):
-        oa.parse_response_format({"response_format": {
+        parse_response_format({"response_format": {
             "type": "json_schema", "json_schema": {"schema": schema, "strict": "yes"}}})
 
 

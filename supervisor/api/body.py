@@ -1,29 +1,169 @@
-"""OpenAI's request and response shapes, translated to and from the service's types.
+"""All request validation: a body read as JSON, then each route's fields checked and turned
+into the service's types before anything runs. A bad field is an `InvalidRequest` (400); on the
+OpenAI routes it names its `param`.
 
-Defaults follow Ollama's OpenAI compatibility layer: temperature and top_p default to 1.0,
-`max_tokens` unset means no limit, `n` choices run concurrently in the runner's batch (a given
-`seed` becomes seed + choice index, so choices differ but stay reproducible).
+Each rule has one implementation here. Two kinds of check live elsewhere: those that need the
+model (capabilities, `think`, `format`), in inference/prepare.py, run where Ollama runs them;
+option values are `Options.from_dict`'s (shared/protocol.py), which the runner uses too.
+
+OpenAI defaults follow Ollama's compatibility layer: temperature and top_p default to 1.0, an
+unset `max_tokens` means no limit.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import secrets
-import sys
-import time
-from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
+
+from mlxr.shared.config import parse_duration
 from mlxr.shared.errors import InvalidRequest
-from mlxr.supervisor.inference.service import ChatRequest, Delta, EmbedCall, Final, GenerateRequest
+from mlxr.shared.protocol import MAX_TOP_LOGPROBS
 from mlxr.supervisor.inference.tool_calls import ForcedCall
+from mlxr.supervisor.inference.types import ChatRequest, EmbedCall, GenerateRequest
 
 MAX_CHOICES = 16
 MAX_PROMPTS = 64
-FINISH = {"stop": "stop", "length": "length"}
 
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object; an empty body is `{}`. Bad JSON is a 400."""
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"invalid JSON body: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    return data
+
+
+# -- fields several routes share ---------------------------------------------------------------
+
+def str_field(body: dict[str, Any], key: str) -> str:
+    value = body.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{key} must be a string")
+    return value
+
+
+def list_field(body: dict[str, Any], key: str) -> list[Any]:
+    value = body.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{key} must be a list")
+    return value
+
+
+def bool_field(body: dict[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{key} must be true or false")
+    return value
+
+
+def keep_alive_field(body: dict[str, Any]) -> float | None:
+    value = body.get("keep_alive")
+    return None if value is None else parse_duration(value)
+
+
+def options_field(body: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's `options` object (its values are checked by `Options.from_dict`)."""
+    options = body.get("options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidRequest("options must be an object")
+    return options or {}
+
+
+def check_top_logprobs(top: Any, param: str | None = None) -> int:
+    if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise InvalidRequest(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}",
+                             param=param)
+    return top
+
+
+def stream_wanted(body: dict[str, Any]) -> bool:
+    """Ollama's `stream`: true unless given and false."""
+    return body.get("stream") is None or bool(body["stream"])
+
+
+# -- Ollama's /api routes ----------------------------------------------------------------------
+
+def _common(body: dict[str, Any]) -> dict[str, Any]:
+    top = check_top_logprobs(body.get("top_logprobs") or 0)
+    options = options_field(body)
+    return dict(model=str_field(body, "model"), think=body.get("think"),
+                format=body.get("format"), options=options,
+                keep_alive_s=keep_alive_field(body), logprobs=bool(body.get("logprobs")),
+                top_logprobs=top)
+
+
+def parse_generate(body: dict[str, Any]) -> GenerateRequest:
+    context = body.get("context")
+    if context is not None and (not isinstance(context, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in context)):
+        raise InvalidRequest("context must be a list of token ids")
+    return GenerateRequest(prompt=str_field(body, "prompt"), suffix=str_field(body, "suffix"),
+                           system=str_field(body, "system") or None,
+                           template=str_field(body, "template") or None,
+                           raw=bool(body.get("raw")), context=context,
+                           images=list_field(body, "images"), **_common(body))
+
+
+def parse_chat(body: dict[str, Any]) -> ChatRequest:
+    messages = list_field(body, "messages")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise InvalidRequest("each message must be an object with a role")
+        if m.get("content") is not None and not isinstance(m["content"], str):
+            raise InvalidRequest("message content must be a string")
+    tools = list_field(body, "tools")
+    if not all(isinstance(t, dict) for t in tools):
+        raise InvalidRequest("tools must be a list of objects")
+    return ChatRequest(messages=messages, tools=tools, **_common(body))
+
+
+def parse_embed(body: dict[str, Any]) -> EmbedCall:
+    return EmbedCall(model=str_field(body, "model"), input=body.get("input"),
+                     truncate=body.get("truncate", True), dimensions=body.get("dimensions"),
+                     options=options_field(body), keep_alive_s=keep_alive_field(body))
+
+
+def parse_embeddings_legacy(body: dict[str, Any]) -> EmbedCall:
+    """The older /api/embeddings: one `prompt` (the call's `input`, a string)."""
+    prompt = str_field(body, "prompt")
+    return EmbedCall(model=str_field(body, "model"), input=prompt, options=options_field(body),
+                     keep_alive_s=keep_alive_field(body))
+
+
+# -- the store's /api routes -------------------------------------------------------------------
+
+def model_field(body: dict[str, Any]) -> str:
+    name = body.get("model") or body.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest("model is required")
+    return name
+
+
+def parse_copy(body: dict[str, Any]) -> tuple[str, str]:
+    source, destination = body.get("source"), body.get("destination")
+    if not isinstance(source, str) or not source:
+        raise InvalidRequest("source is required")
+    if not isinstance(destination, str) or not destination:
+        raise InvalidRequest("destination is required")
+    return source, destination
+
+
+# -- OpenAI's /v1 routes -----------------------------------------------------------------------
 
 def _param(body: dict[str, Any], key: str, kinds: tuple[type, ...], default: Any = None) -> Any:
     value = body.get(key, default)
@@ -35,7 +175,7 @@ def _param(body: dict[str, Any], key: str, kinds: tuple[type, ...], default: Any
 
 
 @dataclass(slots=True)
-class Common:
+class OpenAICommon:
     """What chat and legacy completions share."""
 
     model: str
@@ -47,10 +187,9 @@ class Common:
     top_logprobs: int = 0
     format: Any = None
     force_call: ForcedCall | None = None  # chat only: tool_choice "required" or a function
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
-def parse_common(body: dict[str, Any], chat: bool) -> Common:
+def parse_openai_common(body: dict[str, Any], chat: bool) -> OpenAICommon:
     model = _param(body, "model", (str,))
     if not model:
         raise InvalidRequest("you must provide a model parameter", param="model")
@@ -97,10 +236,9 @@ def parse_common(body: dict[str, Any], chat: bool) -> Common:
     else:  # legacy completions: logprobs is the number of alternatives
         top = _param(body, "logprobs", (int,), None)
         logprobs, top = top is not None, top or 0
-    if not 0 <= top <= 20:
-        raise InvalidRequest("top_logprobs must be between 0 and 20", param="top_logprobs")
-    return Common(model, n, stream, bool(stream_options.get("include_usage")), options,
-                  logprobs or top > 0, top, parse_response_format(body))
+    top = check_top_logprobs(top, param="top_logprobs")
+    return OpenAICommon(model, n, stream, bool(stream_options.get("include_usage")), options,
+                        logprobs or top > 0, top, parse_response_format(body))
 
 
 def parse_response_format(body: dict[str, Any]) -> Any:
@@ -133,17 +271,10 @@ def parse_response_format(body: dict[str, Any]) -> Any:
     raise InvalidRequest(f"unknown response_format type {kind!r}", param="response_format")
 
 
-def choice_options(common: Common, index: int) -> dict[str, Any]:
-    options = dict(common.options)
-    if index and "seed" in options:
-        options["seed"] = options["seed"] + index
-    return options
-
-
-# -- chat -------------------------------------------------------------------------------------
-
-def parse_chat(body: dict[str, Any]) -> tuple[Common, list[dict[str, Any]], list[dict[str, Any]]]:
-    common = parse_common(body, chat=True)
+def parse_openai_chat(body: dict[str, Any]
+                      ) -> tuple[OpenAICommon, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The common fields, the messages in Ollama's shape, and the tools."""
+    common = parse_openai_common(body, chat=True)
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("messages must be a non-empty list", param="messages")
@@ -231,71 +362,9 @@ def _tool_call_to_ollama(call: Any) -> dict[str, Any]:
     return {"function": {"name": fn["name"], "arguments": args}}
 
 
-def chat_request(common: Common, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                 index: int) -> ChatRequest:
-    return ChatRequest(model=common.model, messages=messages, tools=tools, format=common.format,
-                       options=choice_options(common, index), logprobs=common.logprobs,
-                       top_logprobs=common.top_logprobs, force_call=common.force_call)
-
-
-def tool_calls_to_openai(calls: list[dict[str, Any]], start: int = 0) -> list[dict[str, Any]]:
-    return [{"index": start + i, "id": c.get("id") or f"call_{secrets.token_hex(6)}",
-             "type": "function",
-             "function": {"name": c["function"]["name"],
-                          "arguments": json.dumps(c["function"].get("arguments", {}))}}
-            for i, c in enumerate(calls)]
-
-
-def logprobs_to_openai(entries: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    out = []
-    for e in entries or []:
-        out.append({"token": e["token"], "logprob": e["logprob"],
-                    "bytes": list(e["token"].encode()),
-                    "top_logprobs": [{"token": t["token"], "logprob": t["logprob"],
-                                      "bytes": list(t["token"].encode())}
-                                     for t in e.get("top_logprobs", [])]})
-    return out
-
-
-def finish_reason(final: Final, saw_tool_calls: bool) -> str:
-    if saw_tool_calls:
-        return "tool_calls"
-    return FINISH.get(final.done_reason, "stop")
-
-
-def usage(finals: list[Final]) -> dict[str, Any]:
-    prompt = finals[0].prompt_eval_count if finals else 0
-    completion = sum(f.eval_count for f in finals)
-    cached = finals[0].prompt_eval_cached_count if finals else 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"
-
-
-def envelope(kind: str, ident: str, model: str, **fields: Any) -> dict[str, Any]:
-    return {"id": ident, "object": kind, "created": int(time.time()), "model": model,
-            "system_fingerprint": "fp_mlxr", **fields}
-
-
-def chat_delta(delta: Delta, tool_index: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if delta.content:
-        out["content"] = delta.content
-    if delta.thinking:
-        out["reasoning"] = delta.thinking
-    if delta.tool_calls:
-        out["tool_calls"] = tool_calls_to_openai(delta.tool_calls, tool_index)
-    return out
-
-
-# -- legacy completions ------------------------------------------------------------------------
-
-def parse_completion(body: dict[str, Any]) -> tuple[Common, list[str], str]:
-    common = parse_common(body, chat=False)
+def parse_openai_completion(body: dict[str, Any]) -> tuple[OpenAICommon, list[str], str]:
+    """The common fields, the prompts and the suffix of a legacy completion."""
+    common = parse_openai_common(body, chat=False)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         prompts = [prompt]
@@ -310,25 +379,8 @@ def parse_completion(body: dict[str, Any]) -> tuple[Common, list[str], str]:
     return common, prompts, suffix
 
 
-def generate_request(common: Common, prompt: str, suffix: str, index: int) -> GenerateRequest:
-    return GenerateRequest(model=common.model, prompt=prompt, suffix=suffix, raw=not suffix,
-                           format=common.format, options=choice_options(common, index),
-                           logprobs=common.logprobs, top_logprobs=common.top_logprobs)
-
-
-def completion_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
-    if not entries:
-        return None
-    return {"tokens": [e["token"] for e in entries],
-            "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e.get("top_logprobs", [])}
-                             for e in entries],
-            "text_offset": []}
-
-
-# -- embeddings ----------------------------------------------------------------------------
-
-def parse_embeddings(body: dict[str, Any]) -> tuple[EmbedCall, str]:
+def parse_openai_embeddings(body: dict[str, Any]) -> tuple[EmbedCall, str]:
+    """The call and the `encoding_format` (float or base64)."""
     model = _param(body, "model", (str,))
     if not model:
         raise InvalidRequest("you must provide a model parameter", param="model")
@@ -340,13 +392,3 @@ def parse_embeddings(body: dict[str, Any]) -> tuple[EmbedCall, str]:
         raise InvalidRequest("encoding_format must be float or base64", param="encoding_format")
     dims = _param(body, "dimensions", (int,))
     return EmbedCall(model=model, input=raw, dimensions=dims), encoding
-
-
-def encode_embedding(vector: list[float], encoding: str) -> list[float] | str:
-    """OpenAI's base64 form is the little-endian float32 bytes of the vector."""
-    if encoding == "float":
-        return vector
-    data = array("f", vector)
-    if sys.byteorder == "big":
-        data.byteswap()
-    return base64.b64encode(data.tobytes()).decode()

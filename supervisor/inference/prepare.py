@@ -1,0 +1,162 @@
+"""Preparing a request before any runner is involved: the model's capabilities and `think`
+checked, the `format` checked, the Modelfile's defaults merged into the request's options, the
+prompt rendered and the output parser chosen. Every error here is a typed error (a 4xx), so
+bad input never reaches a runner."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlxr.shared.errors import InvalidRequest
+from mlxr.shared.protocol import Options
+from mlxr.supervisor.inference.prompt import Renderer, renderer_for
+from mlxr.supervisor.inference.tool_calls import (ForcedCallParser, OutputParser, ThinkingParser,
+                                                  forced_call_schema, tool_parser_for)
+from mlxr.supervisor.inference.types import ChatRequest, GenerateRequest
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A request ready for a runner: its prompt, merged options and output parser."""
+
+    record: Any
+    runner_dir: Path
+    prompt: str
+    options: Options
+    parser: OutputParser
+    add_special: bool = False
+    context: list[int] = field(default_factory=list)
+    want_context: bool = False
+    format: Any = None
+
+
+def prepare_chat(req: ChatRequest, record: Any, store: Any, context_length: int) -> Prepared:
+    caps = capabilities(record)
+    check_capabilities(req.model, caps, "chat", tools=bool(req.tools),
+                       images=any(m.get("images") for m in req.messages))
+    fmt = wire_format(req.format)
+    if req.force_call is not None:
+        # The reply is the call, not a message, so a response format has nothing to shape.
+        fmt = forced_call_schema(req.tools, req.force_call)
+    think = resolve_think(req.model, caps, req.think, constrained=fmt is not None)
+    messages = list(record.messages or []) + list(req.messages)
+    if record.system and req.messages[0].get("role") != "system":
+        messages.insert(0, {"role": "system", "content": record.system})
+    runner_dir = store.runner_dir(record)
+    renderer = renderer_for(runner_dir, record.template, tools=bool(req.tools))
+    prompt = renderer.chat(messages, req.tools or None, think)
+    parser = output_parser(renderer, prompt, think, _tool_parser(req, renderer, fmt))
+    return Prepared(record, runner_dir, prompt, merge_options(record, req.options, context_length),
+                    parser, format=fmt)
+
+
+def prepare_generate(req: GenerateRequest, record: Any, store: Any,
+                     context_length: int) -> Prepared | None:
+    """None for an empty prompt (a load request), after the same checks."""
+    if req.raw and (req.template or req.system or req.context):
+        raise InvalidRequest("raw mode does not support template, system, or context")
+    caps = capabilities(record)
+    check_capabilities(req.model, caps, "generate", images=bool(req.images))
+    fmt = wire_format(req.format)
+    think = resolve_think(req.model, caps, req.think, constrained=fmt is not None)
+    if not req.prompt:
+        return None
+    runner_dir = store.runner_dir(record)
+    renderer = renderer_for(runner_dir, record.template, req.template)
+    if req.raw:
+        prompt, add_special = req.prompt, True
+    elif req.suffix:
+        if not renderer.supports_insert:
+            raise InvalidRequest(f'"{req.model}" does not support insert')
+        prompt, add_special = renderer.insert(req.prompt, req.suffix), renderer.add_special
+    else:
+        messages: list[dict[str, Any]] = []
+        system = req.system or record.system
+        if system:
+            messages.append({"role": "system", "content": system})
+        if req.context is None:
+            messages += list(record.messages or [])
+        messages.append({"role": "user", "content": req.prompt})
+        prompt, add_special = renderer.chat(messages, None, think), renderer.add_special
+    return Prepared(record, runner_dir, prompt, merge_options(record, req.options, context_length),
+                    output_parser(renderer, prompt, think and not req.raw),
+                    add_special=add_special, context=list(req.context or []),
+                    want_context=not req.raw, format=fmt)
+
+
+def merge_options(record: Any, request_options: dict[str, Any] | None,
+                  context_length: int) -> Options:
+    """The Modelfile's parameters overridden by the request's options; `context_length`
+    (the server's default) when neither sets num_ctx."""
+    merged = {**(record.params or {}), **(request_options or {})}
+    options = Options.from_dict(merged)
+    if not options.num_ctx or options.num_ctx <= 0:
+        options.num_ctx = context_length
+    return options
+
+
+def wire_format(value: Any) -> Any:
+    """A request's `format` as the runner takes it: "json", a JSON schema object (the runner
+    also reads `{"type": "regex", "pattern": ...}` here), or None for free text. null and ""
+    mean none, as in Ollama, and so does `{}` (the runner reads an empty format as none).
+    Whether a schema compiles is the runner's to say (a 400)."""
+    if value is None or value == "" or value == {}:
+        return None
+    if value == "json" or isinstance(value, dict):
+        return value
+    shown = json.dumps(value)
+    shown = shown if len(shown) <= 40 else shown[:40] + "..."
+    raise InvalidRequest(f'invalid format: {shown}; expected "json" or a JSON schema object')
+
+
+def capabilities(record: Any) -> list[str]:
+    return list(getattr(record, "capabilities", None) or ["completion"])
+
+
+def check_capabilities(model: str, caps: list[str], verb: str, *, tools: bool = False,
+                       images: bool = False) -> None:
+    if "completion" not in caps:
+        raise InvalidRequest(f'"{model}" does not support {verb}')
+    if tools and "tools" not in caps:
+        raise InvalidRequest(f'"{model}" does not support tools')
+    if images and "vision" not in caps:
+        raise InvalidRequest(f'"{model}" does not support images')
+
+
+def resolve_think(model: str, caps: list[str], think: bool | str | None,
+                  constrained: bool = False) -> bool | None:
+    """Ollama's rule: thinking models think unless told not to; others refuse `think`.
+
+    A constrained request (a `format`, a forced tool call) never thinks: the runner's
+    grammar applies from the first generated token, so a thinking block could not be
+    written before the document. The prompt is rendered with thinking off, and an explicit
+    `think: true` with a format is served the same way rather than refused, so clients
+    that always send `think` keep working; the reply then has no `thinking`."""
+    if isinstance(think, str):
+        think = think.lower() not in ("", "false", "none")
+    if "thinking" in caps:
+        return False if constrained else True if think is None else bool(think)
+    if think:
+        raise InvalidRequest(f'"{model}" does not support thinking')
+    return think
+
+
+def output_parser(renderer: Renderer, prompt: str, think: bool | None,
+                  tools: Any = None) -> OutputParser:
+    """`tools`: the tool-call parser for this request, if its output may hold calls."""
+    thinking = None
+    if think and renderer.thinking_tags:
+        opened = prompt.rstrip().endswith(renderer.thinking_tags[0])
+        thinking = ThinkingParser(renderer.thinking_tags, in_thinking=opened)
+    return OutputParser(thinking, tools)
+
+
+def _tool_parser(req: ChatRequest, renderer: Renderer, fmt: Any) -> Any:
+    if req.force_call is not None:
+        return ForcedCallParser()
+    if req.tools and fmt is None:  # a format's output is the reply itself, never a call
+        return tool_parser_for(renderer.source)
+    return None
