@@ -5,7 +5,6 @@ requests. Both are started per test module; the proxy runs on its own thread and
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import threading
 import time
@@ -15,14 +14,10 @@ from pathlib import Path
 import httpx
 from aiohttp import ClientSession, web
 
+from tests.harness.server import free_port
+
 REGISTRY_BIN = "/usr/bin/docker-registry"
 TOKEN_PREFIX = "test-token:"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
