@@ -29,6 +29,7 @@ import mlx.core as mx
 
 from mlxr.shared.blas import loaded_blas
 from mlxr.shared.config import RunnerConfig
+from mlxr.shared.errors import RunnerFailed
 from mlxr.shared.protocol import RunnerStatus, error_line
 from mlxr.runner.loader import LoadedModel, load_model, make_scheduler
 from mlxr.runner.outputs import Outputs
@@ -164,7 +165,7 @@ class Engine:
             seq.sampler = Sampler.from_options(seq.options, seq.context_length)
         except Exception as exc:  # fail this request, not the loop
             log.exception("sampler setup failed")
-            self._deliver([(seq.sink, error_line(f"inference failed: {exc}", 500))])
+            self._deliver([(seq.sink, error_line(RunnerFailed(f"inference failed: {exc}")))])
             return
         if seq.grammar is not None:
             seq.sampler.processors.append(seq.grammar)  # last: it masks after penalties and bias
@@ -197,5 +198,5 @@ class Engine:
 
     def _fail_everything(self, message: str) -> None:
         seqs = self.scheduler.abort(self.scheduler.unfinished, message)
-        self._deliver([(s.sink, error_line(message, 500)) for s in seqs if s.sink])
+        self._deliver([(s.sink, error_line(RunnerFailed(message))) for s in seqs if s.sink])
         self.state, self.error = "error", message

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from mlxr.shared.errors import RunnerFailed
 from mlxr.shared.protocol import Chunk, error_line
 from mlxr.runner.request import Sequence, SeqStatus
 from mlxr.runner.scheduler import StepPlan, StepResult
@@ -81,7 +82,7 @@ class Outputs:
         batch: list[tuple[Sink, Any]] = []
         for seq in seqs:
             if seq.status == SeqStatus.FINISHED_ERROR:
-                batch.append((seq.sink, error_line(seq.error or "inference failed", 500)))
+                batch.append((seq.sink, error_line(RunnerFailed(seq.error or "inference failed"))))
                 continue
             if not seq.t_first_token_ns:
                 seq.t_first_token_ns = now
@@ -108,4 +109,5 @@ def _final_chunk(seq: Sequence, text: str, new_tokens: list[int]) -> Chunk:
                  prompt_eval_cached_count=seq.num_cached,
                  prompt_eval_duration=max(first - start, 0),
                  eval_count=len(seq.output_tokens),
-                 eval_duration=max(seq.t_last_token_ns - first, 0))
+                 eval_duration=max(seq.t_last_token_ns - first, 0),
+                 prompt_tokens=list(seq.prompt_tokens) if seq.return_prompt_tokens else None)

@@ -53,6 +53,7 @@ class Sequence:
     context_length: int
     logprobs: bool = False
     top_logprobs: int = 0
+    return_prompt_tokens: bool = False  # the final chunk carries `prompt_tokens`
     output_tokens: list[int] = field(default_factory=list)
     num_computed: int = 0
     num_cached: int = 0
@@ -95,10 +96,11 @@ class Sequence:
 
 def make_sequence(seq_id: int, tokens: list[int], options: Options, context_length: int,
                   logprobs: bool, top_logprobs: int, sink: Callable[[Any], None],
-                  grammar: Any = None) -> Sequence:
+                  grammar: Any = None, return_prompt_tokens: bool = False) -> Sequence:
     """A request's sequence, with no MLX state (it is built on the event loop thread).
     `context_length` is the request's effective num_ctx."""
     max_new = options.num_predict if options.num_predict >= 0 else context_length
     return Sequence(seq_id=seq_id, prompt_tokens=tokens, options=options,
                     max_new_tokens=max_new, context_length=context_length, logprobs=logprobs,
-                    top_logprobs=top_logprobs, sink=sink, grammar=grammar)
+                    top_logprobs=top_logprobs, sink=sink, grammar=grammar,
+                    return_prompt_tokens=return_prompt_tokens)

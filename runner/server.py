@@ -13,9 +13,9 @@ from typing import Any
 from aiohttp import web
 
 from mlxr.shared.config import RunnerConfig
-from mlxr.shared.errors import ContextOverflow, InvalidRequest, MlxrError, ServerBusy
+from mlxr.shared.errors import ContextOverflow, InvalidRequest, MlxrError, RunnerFailed, ServerBusy
 from mlxr.shared.ndjson import dumps_line
-from mlxr.shared.protocol import CompletionRequest, EmbedRequest
+from mlxr.shared.protocol import CompletionRequest, EmbedRequest, error_body
 from mlxr.runner.embed.embeddings import embed
 from mlxr.runner.engine import Engine
 from mlxr.runner.grammar import make_grammar
@@ -32,12 +32,12 @@ async def errors(request: web.Request, handler):
     try:
         return await handler(request)
     except MlxrError as err:
-        return web.json_response({"error": err.message}, status=err.status)
+        return web.json_response(error_body(err), status=err.status)
     except web.HTTPException:
         raise
     except Exception as exc:
         log.exception("unhandled error")
-        return web.json_response({"error": f"internal error: {exc}"}, status=500)
+        return web.json_response(error_body(RunnerFailed(f"internal error: {exc}")), status=500)
 
 
 async def _json(request: web.Request) -> Any:
@@ -56,7 +56,7 @@ def _loads(raw: str) -> Any:
 def _ready_engine(request: web.Request) -> Engine:
     engine = request.app[ENGINE]
     if engine.state == "error":
-        raise MlxrError(engine.error or "model failed to load")
+        raise RunnerFailed(engine.error or "model failed to load")
     if engine.state != "ready":
         raise ServerBusy("model is still loading")
     return engine
@@ -121,8 +121,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     req = CompletionRequest.from_dict(await _json(request))
     tokens = list(req.tokens or [])
     if req.prompt:
+        add_special = req.add_special if req.add_special is not None else not tokens
         tokens += await asyncio.get_running_loop().run_in_executor(
-            None, _encode, engine, req.prompt, not tokens)
+            None, _encode, engine, req.prompt, add_special)
     if not tokens:
         raise InvalidRequest("prompt is empty")
     _check_token_ids(engine, tokens)
@@ -139,7 +140,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     outbox: asyncio.Queue = asyncio.Queue()
     seq = make_sequence(next(request.app[SEQ_IDS]), tokens, req.options, num_ctx, req.logprobs,
-                        req.top_logprobs, outbox.put_nowait, grammar=grammar)
+                        req.top_logprobs, outbox.put_nowait, grammar=grammar,
+                        return_prompt_tokens=req.return_prompt_tokens)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
     engine.submit(seq)

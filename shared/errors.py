@@ -1,11 +1,17 @@
 """The one error hierarchy. Each error carries its HTTP status; one middleware on each
-server renders it in the Ollama (`{"error": "..."}`) or OpenAI shape."""
+server renders it in the Ollama (`{"error": "..."}`) or OpenAI shape.
+
+Each class here also has a `kind`: its stable name on the runner wire (shared/protocol.py), so
+the supervisor rebuilds exactly the class the runner raised (`from_wire`). It is not `code`:
+that is the OpenAI error object's `code`, which clients see (and which is null for most
+classes)."""
 
 from __future__ import annotations
 
 
 class MlxrError(Exception):
     status = 500
+    kind = "error"
     openai_type = "server_error"
     code: str | None = None
 
@@ -17,43 +23,51 @@ class MlxrError(Exception):
 
 class InvalidRequest(MlxrError):
     status = 400
+    kind = "invalid_request"
     openai_type = "invalid_request_error"
 
 
 class ContextOverflow(InvalidRequest):
+    kind = "context_overflow"
     code = "context_length_exceeded"
 
 
 class Unauthorized(MlxrError):
     status = 401
+    kind = "unauthorized"
     openai_type = "authentication_error"
     code = "invalid_api_key"
 
 
 class ModelNotFound(MlxrError):
     status = 404
+    kind = "model_not_found"
     openai_type = "invalid_request_error"
     code = "model_not_found"
 
 
 class PayloadTooLarge(InvalidRequest):
     status = 413
+    kind = "payload_too_large"
 
 
 class ServerBusy(MlxrError):
     status = 503
+    kind = "server_busy"
     openai_type = "server_error"
     code = "server_busy"
 
 
 class InsufficientMemory(MlxrError):
     status = 507
+    kind = "insufficient_memory"
     openai_type = "server_error"
     code = "insufficient_memory"
 
 
 class RunnerFailed(MlxrError):
     status = 500
+    kind = "runner_failed"
 
     def __init__(self, message: str, *, stderr_tail: str = ""):
         if stderr_tail:
@@ -64,13 +78,34 @@ class RunnerFailed(MlxrError):
 
 class RegistryError(MlxrError):
     status = 502
+    kind = "registry_error"
     openai_type = "server_error"
 
 
+KINDS: dict[str, type[MlxrError]] = {
+    cls.kind: cls for cls in (MlxrError, InvalidRequest, ContextOverflow, Unauthorized,
+                              ModelNotFound, PayloadTooLarge, ServerBusy, InsufficientMemory,
+                              RunnerFailed, RegistryError)}
+
+
+def from_wire(status: int, message: str, kind: str | None = None) -> MlxrError:
+    """Rebuild a typed error received over HTTP: the class its `kind` names, with the status
+    it was sent with; with no kind, or one this side does not know (an older or foreign
+    runner), the class its status suggests."""
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        return from_status(status, message)
+    err = cls(message)
+    if status and err.status != status:
+        err.status = status
+    return err
+
+
 def from_status(status: int, message: str) -> MlxrError:
-    """Rebuild a typed error from a status and message received over HTTP."""
-    for cls in (ContextOverflow if "context length" in message else InvalidRequest,
-                ModelNotFound, ServerBusy, InsufficientMemory, Unauthorized, PayloadTooLarge):
+    """The error a status alone suggests: the first class in the hierarchy with it (a 400 is
+    an InvalidRequest), RunnerFailed for any other."""
+    for cls in (InvalidRequest, ModelNotFound, ServerBusy, InsufficientMemory, Unauthorized,
+                PayloadTooLarge):
         if cls.status == status:
             return cls(message)
     return RunnerFailed(message)

@@ -1,7 +1,9 @@
 """Wire types between the supervisor and a runner (see docs/protocol.md).
 
 A completion stream is zero or more `Chunk` lines, then exactly one final line: a `Chunk`
-with `done: true`, or an `ErrorLine`. Only these types cross the process boundary.
+with `done: true`, or an error line (`error_line`). An error answered before streaming is an
+HTTP status with `error_body`. Both name the error's class in shared/errors.py by its `kind`.
+Only these types cross the process boundary.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxr.shared.errors import InvalidRequest
+from mlxr.shared.errors import InvalidRequest, MlxrError
 
 # Ollama's sampling defaults (api/types.go DefaultOptions). Penalties are off unless asked
 # for, as in Ollama's own newer engines.
@@ -97,6 +99,10 @@ def _coerce_option(name: str, value: Any) -> Any:
 
 @dataclass(slots=True)
 class CompletionRequest:
+    """The prompt's ids are `tokens` (used as given), then `prompt` tokenized. `add_special`:
+    whether the tokenizer adds its special tokens (a BOS) to `prompt`; None means unless
+    `tokens` are given. `return_prompt_tokens`: the final chunk carries those ids."""
+
     prompt: str | None = None
     tokens: list[int] | None = None
     options: Options = field(default_factory=Options)
@@ -104,6 +110,8 @@ class CompletionRequest:
     top_logprobs: int = 0
     # Structured output: "json", a JSON schema object, or {"type": "regex", "pattern": "..."}.
     format: Any = None
+    add_special: bool | None = None
+    return_prompt_tokens: bool = False
 
     @classmethod
     def from_dict(cls, data: Any) -> "CompletionRequest":
@@ -124,8 +132,13 @@ class CompletionRequest:
         fmt = data.get("format") or None
         if fmt is not None and not (fmt == "json" or isinstance(fmt, dict)):
             raise InvalidRequest('format must be "json" or a JSON schema object')
+        add_special = data.get("add_special")
+        if add_special is not None and not isinstance(add_special, bool):
+            raise InvalidRequest("add_special must be a boolean")
         return cls(prompt=prompt, tokens=tokens, options=Options.from_dict(data.get("options")),
-                   logprobs=bool(data.get("logprobs")) or top > 0, top_logprobs=top, format=fmt)
+                   logprobs=bool(data.get("logprobs")) or top > 0, top_logprobs=top, format=fmt,
+                   add_special=add_special,
+                   return_prompt_tokens=bool(data.get("return_prompt_tokens")))
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"options": self.options.to_dict()}
@@ -138,6 +151,10 @@ class CompletionRequest:
             d["top_logprobs"] = self.top_logprobs
         if self.format is not None:
             d["format"] = self.format
+        if self.add_special is not None:
+            d["add_special"] = self.add_special
+        if self.return_prompt_tokens:
+            d["return_prompt_tokens"] = True
         return d
 
 
@@ -150,7 +167,8 @@ class TokenLogprob:
 
 @dataclass(slots=True)
 class Chunk:
-    """One line of a completion stream. Counts and durations (ns) are set on the final line."""
+    """One line of a completion stream. Counts and durations (ns) are set on the final line,
+    and `prompt_tokens` (the prompt's ids) there only when the request asked for them."""
 
     content: str = ""
     done: bool = False
@@ -162,6 +180,7 @@ class Chunk:
     prompt_eval_duration: int = 0
     eval_count: int = 0
     eval_duration: int = 0
+    prompt_tokens: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"content": self.content, "done": self.done, "tokens": self.tokens}
@@ -172,6 +191,8 @@ class Chunk:
                      prompt_eval_cached_count=self.prompt_eval_cached_count,
                      prompt_eval_duration=self.prompt_eval_duration,
                      eval_count=self.eval_count, eval_duration=self.eval_duration)
+            if self.prompt_tokens is not None:
+                d["prompt_tokens"] = self.prompt_tokens
         return d
 
     @classmethod
@@ -182,9 +203,14 @@ class Chunk:
 _CHUNK_FIELDS = tuple(f.name for f in dataclasses.fields(Chunk))
 
 
-def error_line(message: str, status: int = 500) -> dict[str, Any]:
+def error_body(err: MlxrError) -> dict[str, Any]:
+    """The JSON body of an error answered with its HTTP status, before any streaming."""
+    return {"error": err.message, "kind": err.kind}
+
+
+def error_line(err: MlxrError) -> dict[str, Any]:
     """The final line of a stream that failed after streaming began."""
-    return {"error": {"message": message, "status": status}}
+    return {"error": {"message": err.message, "status": err.status, "kind": err.kind}}
 
 
 @dataclass(slots=True)

@@ -40,6 +40,11 @@ def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
+def _context(prompt_tokens: list[int] | None, out_tokens: list[int]) -> list[int] | None:
+    """A reply's `context`: none when the runner sent no prompt ids (an older runner)."""
+    return None if prompt_tokens is None else prompt_tokens + out_tokens
+
+
 class Service:
     def __init__(self, settings: Settings, store: Any, manager: RunnerManager,
                  metrics: Metrics | None = None):
@@ -139,15 +144,18 @@ class Service:
         spec = self._spec(p.record, p.runner_dir, p.options)
         lease = await self.manager.acquire(spec, keep_alive)
         try:
-            request = CompletionRequest(options=p.options, logprobs=logprobs or top_logprobs > 0,
+            request = CompletionRequest(prompt=p.prompt, options=p.options,
+                                        logprobs=logprobs or top_logprobs > 0,
                                         top_logprobs=top_logprobs, format=p.format)
-            tokens: list[int] | None = None
-            if p.want_context or p.context:  # the ids are needed for `context` in the reply
-                tokens = p.context + await lease.runner.tokenize(
-                    p.prompt, add_special=p.add_special and not p.context)
-                request.tokens = tokens
-            else:
-                request.prompt = p.prompt
+            if p.want_context or p.context:
+                # The reply's `context` is the prompt's ids and the output's; the runner
+                # returns the prompt's on its final chunk. The given context's ids go as
+                # `tokens` (used as they are) and the prompt as text, tokenized by the runner
+                # after them with the specials only when there is no context: the very ids
+                # that tokenizing here and sending `context + ids` gave, in one round trip.
+                request.tokens = p.context or None
+                request.add_special = p.add_special and not p.context
+                request.return_prompt_tokens = p.want_context
             stream = await lease.runner.complete(request)
         except BaseException:
             self.manager.release(lease)
@@ -157,13 +165,11 @@ class Service:
             await stream.aclose()
             self.manager.release(lease)
 
-        events = self._events(lease, stream, p.parser, started,
-                              tokens if p.want_context else None)
+        events = self._events(lease, stream, p.parser, started, p.want_context)
         return Completion(model, events, cleanup)
 
     async def _events(self, lease: Lease, stream: Any, parser: OutputParser,
-                      started: float, prompt_tokens: list[int] | None
-                      ) -> AsyncIterator[Delta | Final]:
+                      started: float, want_context: bool) -> AsyncIterator[Delta | Final]:
         out_tokens: list[int] = []
         last = None
         model = lease.slot.name  # metric labels use the canonical name, not what was typed
@@ -199,7 +205,7 @@ class Service:
                     eval_count=chunk.eval_count, eval_duration=chunk.eval_duration,
                     load_duration=_ns(lease.load_duration_s),
                     total_duration=_ns(time.monotonic() - started),
-                    context=(prompt_tokens + out_tokens) if prompt_tokens is not None else None)
+                    context=_context(chunk.prompt_tokens, out_tokens) if want_context else None)
                 return
         finally:
             await stream.aclose()

@@ -29,7 +29,7 @@ import orjson
 
 from mlxr.shared.blas import BlasChoice, choose
 from mlxr.shared.config import RunnerConfig, Settings
-from mlxr.shared.errors import MlxrError, RunnerFailed, from_status
+from mlxr.shared.errors import MlxrError, RunnerFailed, from_status, from_wire
 from mlxr.shared.exits import describe_exit
 from mlxr.shared.protocol import Chunk, CompletionRequest, EmbedRequest, EmbedResponse, RunnerStatus
 
@@ -209,11 +209,6 @@ class RunnerClient:
                                  timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             return RunnerStatus.from_dict(orjson.loads(await resp.read()))
 
-    async def tokenize(self, content: str, add_special: bool = False) -> list[int]:
-        data = await self._post_json("/v1/tokenize", {"content": content,
-                                                      "add_special": add_special})
-        return list(data["tokens"])
-
     async def embed(self, request: EmbedRequest) -> EmbedResponse:
         return EmbedResponse.from_dict(await self._post_json("/v1/embeddings", request.to_dict()))
 
@@ -225,7 +220,7 @@ class RunnerClient:
         except TRANSPORT_ERRORS as exc:
             raise await self._lost(exc) from None
         if resp.status != 200:
-            raise from_status(resp.status, _error_message(content))
+            raise _http_error(resp.status, content)
         return orjson.loads(content)
 
     async def complete(self, request: CompletionRequest) -> "CompletionStream":
@@ -243,7 +238,7 @@ class RunnerClient:
                 raise await self._lost(exc) from None
             finally:
                 resp.release()
-            raise from_status(resp.status, _error_message(body))
+            raise _http_error(resp.status, body)
         return CompletionStream(self, resp)
 
     async def _lost(self, exc: BaseException) -> MlxrError:
@@ -291,22 +286,29 @@ class CompletionStream:
 
 
 def _chunk(data: dict[str, Any]) -> Chunk:
+    """A stream line; an error line (shared.protocol.error_line) raises the class it names."""
     if "error" in data:
         err = data["error"]
         if isinstance(err, dict):
-            raise from_status(int(err.get("status") or 500), str(err.get("message")))
+            raise from_wire(int(err.get("status") or 500), str(err.get("message")),
+                            err.get("kind"))
         raise RunnerFailed(str(err))
     return Chunk.from_dict(data)
 
 
-def _error_message(body: bytes) -> str:
+def _http_error(status: int, body: bytes) -> MlxrError:
+    """The error a runner answered with an HTTP status (shared.protocol.error_body): the class
+    its `kind` names; a body with no kind (aiohttp's own replies, an older runner) goes by
+    the status."""
     try:
-        err = orjson.loads(body).get("error")
-    except (orjson.JSONDecodeError, AttributeError):
-        return body.decode(errors="replace").strip() or "runner error"
-    if isinstance(err, dict):
-        return str(err.get("message", err))
-    return str(err)
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        return from_status(status, body.decode(errors="replace").strip() or "runner error")
+    err = data.get("error")
+    message = str(err.get("message", err)) if isinstance(err, dict) else str(err)
+    return from_wire(status, message, data.get("kind"))
 
 
 class BlasSelection:

@@ -14,8 +14,10 @@ with per-model overrides under "models" (keyed by model name, e.g. "a:latest"):
     signal_on_start  die from this signal (a name: "SIGILL") before serving, as a runner does
                whose BLAS was built for another CPU
 
-Token ids: one per character (its code point). Generation stops with done_reason "length" at
-num_predict (16 if unset), or "stop" at the end of `output`.
+Token ids: one per character (its code point); no special tokens, so `add_special` changes
+nothing. Generation stops with done_reason "length" at num_predict (16 if unset), or "stop" at
+the end of `output`. The final line carries `prompt_tokens` when asked, and errors carry their
+`kind`, as the real runner's do.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ import time
 from aiohttp import web
 
 from mlxr.shared.config import RunnerConfig
+from mlxr.shared.errors import ContextOverflow
 from mlxr.shared.ndjson import dumps_line
-from mlxr.shared.protocol import CompletionRequest, RunnerStatus
+from mlxr.shared.protocol import Chunk, CompletionRequest, RunnerStatus, error_body
 
 DEFAULT_PREDICT = 16
 
@@ -73,9 +76,9 @@ def make_app(config: RunnerConfig) -> web.Application:
         req = CompletionRequest.from_dict(await request.json())
         prompt_tokens = list(req.tokens or []) + [ord(c) for c in (req.prompt or "")]
         if len(prompt_tokens) >= (req.options.num_ctx or config.context_length):
-            return web.json_response(
-                {"error": f"input length ({len(prompt_tokens)} tokens) exceeds the context "
-                          f"length ({req.options.num_ctx} tokens)"}, status=400)
+            err = ContextOverflow(f"input length ({len(prompt_tokens)} tokens) exceeds the "
+                                  f"context length ({req.options.num_ctx} tokens)")
+            return web.json_response(error_body(err), status=err.status)
         limit = req.options.num_predict if req.options.num_predict > 0 else DEFAULT_PREDICT
         if "output" in k:
             pieces, reason = list(k["output"]), "stop"
@@ -93,11 +96,11 @@ def make_app(config: RunnerConfig) -> web.Application:
                 tokens = [ord(piece[0])] if piece else []
                 await response.write(dumps_line({"content": piece, "done": False,
                                                  "tokens": tokens}))
-            await response.write(dumps_line({
-                "content": "", "done": True, "done_reason": reason, "tokens": [],
-                "prompt_eval_count": len(prompt_tokens), "prompt_eval_cached_count": 0,
-                "prompt_eval_duration": 1000, "eval_count": len(pieces),
-                "eval_duration": int((time.monotonic() - t0) * 1e9)}))
+            await response.write(dumps_line(Chunk(
+                done=True, done_reason=reason, prompt_eval_count=len(prompt_tokens),
+                prompt_eval_duration=1000, eval_count=len(pieces),
+                eval_duration=int((time.monotonic() - t0) * 1e9),
+                prompt_tokens=prompt_tokens if req.return_prompt_tokens else None).to_dict()))
         finally:
             state["active"] -= 1
         return response

@@ -155,6 +155,7 @@ def test_context_overflow_is_a_400_before_streaming(runner):
                       json={"prompt": "word " * 100, "options": {"num_ctx": 32}})
     assert resp.status_code == 400
     assert "exceeds the context length (32 tokens)" in resp.json()["error"]
+    assert resp.json()["kind"] == "context_overflow"
 
 
 def test_generation_stops_at_the_context_with_length(runner):
@@ -209,6 +210,37 @@ def test_logprobs_and_tokenize_roundtrip(runner):
         assert top[0]["logprob"] >= top[1]["logprob"] >= top[2]["logprob"]
 
 
+def test_prompt_tokens_are_the_ids_tokenizing_first_gives(runner):
+    """What the supervisor sends for Ollama's `context` (the prompt as text, the given context
+    as `tokens`, `add_special` explicit) makes the same ids, and so the same output, as
+    tokenizing with /v1/tokenize first and sending the ids; the final line carries them."""
+    def lines(body: dict) -> list[dict]:
+        resp = httpx.post(runner + "/v1/completions", json={**body, "options": greedy(6)},
+                          timeout=60)
+        assert resp.status_code == 200, resp.text
+        return [json.loads(line) for line in resp.text.splitlines()]
+
+    def tokenize(text: str, add_special: bool) -> list[int]:
+        return httpx.post(runner + "/v1/tokenize", json={"content": text,
+                                                         "add_special": add_special}
+                          ).json()["tokens"]
+
+    context: list[int] = []
+    for text, add_special in (("Why is the sky blue?", True), ("Why is the sky blue?", False),
+                              ("And at night?", False)):
+        ids = context + tokenize(text, add_special and not context)
+        by_ids = lines({"tokens": ids})
+        by_text = lines({"tokens": context or None, "prompt": text,
+                         "add_special": add_special and not context,
+                         "return_prompt_tokens": True})
+        assert "prompt_tokens" not in by_ids[-1]
+        assert by_text[-1]["prompt_tokens"] == ids
+        assert all("prompt_tokens" not in line for line in by_text[:-1])
+        output = [t for line in by_text for t in line["tokens"]]
+        assert output == [t for line in by_ids for t in line["tokens"]] and output
+        context = ids + output
+
+
 def test_bad_requests_are_4xx_not_crashes(runner):
     cases = [b"not json", json.dumps({"options": {}}).encode(),
              json.dumps({"prompt": "x", "options": {"temperature": "hot"}}).encode(),
@@ -218,4 +250,5 @@ def test_bad_requests_are_4xx_not_crashes(runner):
         resp = httpx.post(runner + "/v1/completions", content=body)
         assert resp.status_code == 400, (body, resp.text)
         assert isinstance(resp.json()["error"], str)
+        assert resp.json()["kind"] == "invalid_request"
     assert httpx.get(runner + "/v1/status").json()["status"] == "ready"

@@ -21,22 +21,34 @@ QWEN3_CONFIG = Path(__file__).resolve().parents[3] / "shared/assets/qwen3/tokeni
 
 
 class Stream:
-    def __init__(self, pieces: list[str]):
+    def __init__(self, pieces: list[str], prompt_tokens: list[int] | None = None):
         self.pieces = pieces
+        self.prompt_tokens = prompt_tokens
 
     async def __aiter__(self):
         for i, piece in enumerate(self.pieces):
             yield Chunk(content=piece, tokens=[100 + i])
         yield Chunk(done=True, done_reason="stop", prompt_eval_count=7, eval_count=len(self.pieces),
-                    eval_duration=1000)
+                    eval_duration=1000, prompt_tokens=self.prompt_tokens)
+
 
     async def aclose(self) -> None:
         pass
 
 
+def fake_tokenize(content: str, add_special: bool) -> list[int]:
+    return [len(content), int(add_special)]
+
+
 class InProcessRunner:
-    def __init__(self, sent: list):
+    """Records each request and the prompt ids it makes, by the runner's rule (runner/server.py):
+    `tokens`, then `prompt` tokenized, with the specials as `add_special` says (by default,
+    unless `tokens` are given)."""
+
+    def __init__(self, sent: list, encoded: list | None = None, calls: list | None = None):
         self.sent = sent
+        self.encoded = [] if encoded is None else encoded
+        self.calls = [] if calls is None else calls
         self.alive = True
         self.exited = asyncio.Event()
 
@@ -44,11 +56,18 @@ class InProcessRunner:
         return RunnerStatus("ready", "m", memory=1000, context_length=4096)
 
     async def tokenize(self, content: str, add_special: bool = False) -> list[int]:
-        return [len(content), int(add_special)]
+        self.calls.append("tokenize")  # the service must not need it (a round trip)
+        return fake_tokenize(content, add_special)
 
     async def complete(self, request) -> Stream:
+        self.calls.append("complete")
         self.sent.append(request)
-        return Stream(["Hel", "lo"])
+        ids = list(request.tokens or [])
+        if request.prompt:
+            add = request.add_special if request.add_special is not None else not ids
+            ids += fake_tokenize(request.prompt, add)
+        self.encoded.append(ids)
+        return Stream(["Hel", "lo"], list(ids) if request.return_prompt_tokens else None)
 
     async def wait_exit(self) -> int:
         await self.exited.wait()
@@ -94,16 +113,18 @@ class StubStore:
 def env(tmp_path):
     store = StubStore(tmp_path)
     sent: list = []
+    encoded: list = []
+    calls: list = []
 
     async def factory(spec):
-        return InProcessRunner(sent)
+        return InProcessRunner(sent, encoded, calls)
 
     settings = dataclasses.replace(Settings(), context_length=2048)
 
     def app():
         return make_app(settings, store=store, runner_factory=factory,
                         available_memory=lambda: 1 << 40)
-    return SimpleNamespace(store=store, sent=sent, app=app)
+    return SimpleNamespace(store=store, sent=sent, encoded=encoded, calls=calls, app=app)
 
 
 def call(env, path: str, body: dict):
@@ -141,17 +162,39 @@ def test_modelfile_system_and_messages(env):
 def test_generate_prompt_paths(env):
     env.store.add("m")
     status, body = call(env, "/api/generate", {"model": "m", "prompt": "hi", "think": False})
-    assert env.sent[-1].tokens[1] == 0  # a chat template writes its own specials: no BOS
-    assert body["context"] == env.sent[-1].tokens + [100, 101]
+    assert env.encoded[-1][1] == 0  # a chat template writes its own specials: no BOS
+    assert body["context"] == env.encoded[-1] + [100, 101]
     call(env, "/api/generate", {"model": "m", "prompt": "more", "context": [1, 2, 3]})
-    assert env.sent[-1].tokens[:3] == [1, 2, 3]
+    assert env.encoded[-1][:3] == [1, 2, 3]
     call(env, "/api/generate", {"model": "m", "prompt": "as is", "raw": True})
     assert env.sent[-1].prompt == "as is" and env.sent[-1].tokens is None
     status, body = call(env, "/api/generate", {"model": "m", "prompt": "x", "raw": True})
     assert "context" not in body
     call(env, "/api/generate", {"model": "m", "prompt": "P", "system": "S",
                                 "template": "[{{ .System }}|{{ .Prompt }}]"})
-    assert env.sent[-1].tokens[1] == 1  # a Go template: the tokenizer adds BOS
+    assert env.encoded[-1][1] == 1  # a Go template: the tokenizer adds BOS
+
+
+def test_generate_context_comes_back_on_the_final_chunk_with_no_tokenize_call(env):
+    """The reply's `context` is the prompt ids the runner sends back and the output's; the
+    runner gets the same ids as tokenizing first and sending `context + ids` would give."""
+    env.store.add("m")
+    status, body = call(env, "/api/generate", {"model": "m", "prompt": "hi", "think": False})
+    sent = env.sent[-1]
+    assert status == 200 and env.calls == ["complete"]
+    assert (sent.tokens, sent.add_special, sent.return_prompt_tokens) == (None, False, True)
+    assert sent.prompt.endswith("<think>\n\n</think>\n\n")
+    assert body["context"] == fake_tokenize(sent.prompt, False) + [100, 101]
+    status, body = call(env, "/api/generate", {"model": "m", "prompt": "more",
+                                               "context": body["context"]})
+    sent = env.sent[-1]
+    assert env.calls == ["complete", "complete"]
+    assert sent.tokens == env.encoded[-2] + [100, 101] and sent.add_special is False
+    assert body["context"] == sent.tokens + fake_tokenize(sent.prompt, False) + [100, 101]
+    call(env, "/api/chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert env.calls[-1] == "complete" and "tokenize" not in env.calls
+    sent = env.sent[-1]
+    assert (sent.tokens, sent.add_special, sent.return_prompt_tokens) == (None, None, False)
 
 
 def test_suffix_needs_a_template_that_has_one(env):
@@ -160,7 +203,7 @@ def test_suffix_needs_a_template_that_has_one(env):
     status, body = call(env, "/api/generate", {"model": "m", "prompt": "a", "suffix": "b"})
     assert (status, body) == (400, {"error": '"m" does not support insert'})
     status, _ = call(env, "/api/generate", {"model": "fim", "prompt": "a", "suffix": "b"})
-    assert status == 200 and env.sent[-1].tokens[0] == len("<PRE>a<SUF>b<MID>")
+    assert status == 200 and env.encoded[-1][0] == len("<PRE>a<SUF>b<MID>")
 
 
 def test_capability_and_input_checks(env):

@@ -17,11 +17,11 @@ def decode(ids):
     return "".join(PIECES.get(i, "?") for i in ids)
 
 
-def make(num_predict=-1, stop=None, ctx=100):
+def make(num_predict=-1, stop=None, ctx=100, return_prompt_tokens=False):
     outputs = Outputs(decode)
     sched = Scheduler(SchedulerConfig(), lambda seq: 0, {EOS}, outputs.stop_matched)
     seq = make_sequence(1, [1, 2], Options(num_predict=num_predict, stop=stop or []), ctx,
-                        False, 0, sink=None)
+                        False, 0, sink=None, return_prompt_tokens=return_prompt_tokens)
     outputs.open(seq)
     sched.add(seq)
     return sched, outputs, seq
@@ -84,5 +84,15 @@ def test_abort_fails_sequences_once_with_an_error_line():
     assert aborted == [seq] and seq.status == SeqStatus.FINISHED_ERROR
     assert sched.abort([seq], "again") == []
     [(_, line)] = outputs.chunks(aborted, StepResult())
-    assert line["error"]["message"] == "inference failed: boom"
+    assert line["error"] == {"message": "inference failed: boom", "status": 500,
+                             "kind": "runner_failed"}
     assert sched.schedule().release == [seq] and not sched.has_work
+
+
+def test_only_the_final_chunk_carries_the_prompt_ids_and_only_when_asked():
+    for asked in (False, True):
+        sched, outputs, seq = make(num_predict=2, return_prompt_tokens=asked)
+        _, first = step(sched, outputs, 1)
+        _, last = step(sched, outputs, 2)
+        assert "prompt_tokens" not in first[0] and last[0]["done"]
+        assert last[0].get("prompt_tokens") == ([1, 2] if asked else None)
