@@ -49,6 +49,24 @@ def _sgemv(library: str | None) -> Callable[..., None] | None:
     return None
 
 
+def cpu_head_weight(model, mlx_head: Callable[[mx.array], mx.array] | None) -> mx.array | None:
+    """The head's weight where a CPU head may replace `mlx_head`: the default device is the
+    CPU and the head is a plain float32 matrix; else None."""
+    if mlx_head is None or mx.default_device() != mx.cpu:
+        return None
+    return _head_weight(model)
+
+
+def matches(head: Callable[[mx.array], mx.array], mlx_head: Callable[[mx.array], mx.array],
+            rows: int, hidden: int, name: str) -> bool:
+    """Whether `head` gives `mlx_head`'s logits on a random probe (logs when not)."""
+    probe = mx.random.normal((rows, hidden), key=mx.random.key(0))
+    if mx.allclose(head(probe), mlx_head(probe), rtol=1e-4, atol=1e-4).item():
+        return True
+    log.info("the %s head does not match the model's head; not using it", name)
+    return False
+
+
 def _head_weight(model) -> mx.array | None:
     """The (vocab, hidden) float32 matrix the head multiplies by, if it is a plain one."""
     lm_head = getattr(model, "lm_head", None)
@@ -77,20 +95,14 @@ class HostHead:
              library: str | None = None) -> "HostHead | None":
         """A host head equal to `mlx_head` for this model, or None where it does not apply.
         `library`: an OpenBLAS to load when none is preloaded (tests)."""
-        if mlx_head is None or mx.default_device() != mx.cpu:
-            return None
-        weight = _head_weight(model)
+        weight = cpu_head_weight(model, mlx_head)
         if weight is None:
             return None
         sgemv = _sgemv(library)
         if sgemv is None or not np.asarray(weight).flags.c_contiguous:
             return None
         head = cls(weight, sgemv)
-        probe = mx.random.normal((2, head.hidden), key=mx.random.key(0))
-        if not mx.allclose(head(probe), mlx_head(probe), rtol=1e-4, atol=1e-4).item():
-            log.info("the BLAS head does not match the model's head; not using it")
-            return None
-        return head
+        return head if matches(head, mlx_head, 2, head.hidden, "BLAS") else None
 
     def __call__(self, hidden: mx.array) -> mx.array:
         """Logits (B, vocab) for evaluated-or-lazy hidden states (B, hidden)."""

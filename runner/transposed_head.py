@@ -19,7 +19,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from mlxr.runner.host_head import _head_weight
+from mlxr.runner.host_head import cpu_head_weight, matches
 
 log = logging.getLogger("mlxr.runner")
 
@@ -35,16 +35,13 @@ class TransposedHead:
     @classmethod
     def find(cls, model, mlx_head: Callable[[mx.array], mx.array] | None,
              ) -> "TransposedHead | None":
-        if mlx_head is None or mx.default_device() != mx.cpu:
-            return None
-        weight = _head_weight(model)
+        weight = cpu_head_weight(model, mlx_head)
         if weight is None:
             return None
         head = cls(weight)
-        probe = mx.random.normal((_PROBE_ROWS, weight.shape[1]), key=mx.random.key(0))
-        if not mx.allclose(head(probe), mlx_head(probe), rtol=1e-4, atol=1e-4).item():
-            log.info("the transposed head does not match the model's head; not using it")
+        if not matches(head, mlx_head, _PROBE_ROWS, weight.shape[1], "transposed"):
             return None
+        probe = mx.random.normal((_PROBE_ROWS, weight.shape[1]), key=mx.random.key(1))
         ours, theirs = _median_ms(head, probe), _median_ms(mlx_head, probe)
         log.info("decode head: transposed weight %.1f ms, as stored %.1f ms (%d rows)",
                  ours, theirs, _PROBE_ROWS)

@@ -18,7 +18,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load
 
-from mlxr.runner.host_head import MAX_ROWS, HostHead, _head_weight
+from mlxr.runner.host_head import MAX_ROWS, HostHead, cpu_head_weight
 from mlxr.runner.transposed_head import TransposedHead
 from mlxr.runner.model_step import split_model
 from mlxr.runner.sampling import argmax_rows
@@ -46,7 +46,7 @@ def main() -> None:
     host = HostHead.find(model, split.head)
     if host is None:
         raise SystemExit("no BLAS head for this model here (needs OpenBLAS and a float32 head)")
-    transposed = TransposedHead(_head_weight(model))
+    transposed = TransposedHead(cpu_head_weight(model, split.head))
     print("| rows | MLX head ms | transposed head ms | BLAS head ms | greedy token, MLX head ms "
           "| greedy token, BLAS head ms |")
     print("|---|---|---|---|---|---|")
