@@ -32,6 +32,12 @@ class ContextOverflow(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class UnsupportedModel(InvalidRequest):
+    """A model mlxr cannot run: its architecture, a tensor type or its tokenizer (the message
+    names which)."""
+    kind = "unsupported_model"
+
+
 class Unauthorized(MlxrError):
     status = 401
     kind = "unauthorized"
@@ -83,7 +89,8 @@ class RegistryError(MlxrError):
 
 
 KINDS: dict[str, type[MlxrError]] = {
-    cls.kind: cls for cls in (MlxrError, InvalidRequest, ContextOverflow, Unauthorized,
+    cls.kind: cls for cls in (MlxrError, InvalidRequest, ContextOverflow, UnsupportedModel,
+                              Unauthorized,
                               ModelNotFound, PayloadTooLarge, ServerBusy, InsufficientMemory,
                               RunnerFailed, RegistryError)}
 

@@ -154,7 +154,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, service = parse_generate(body), request.app[SERVICE]
     if body.get("_debug_render_only"):
-        return _rendered(req.model, service.render_generate(req), chat=False)
+        return _rendered(req.model, await service.render_generate(req), chat=False)
     completion = await service.generate(req)
     return await respond(request, completion, stream_wanted(body), generate_line,
                          generate_reply)
@@ -164,7 +164,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     req, service = parse_chat(body), request.app[SERVICE]
     if body.get("_debug_render_only"):
-        return _rendered(req.model, service.render_chat(req), chat=True)
+        return _rendered(req.model, await service.render_chat(req), chat=True)
     completion = await service.chat(req)
     return await respond(request, completion, stream_wanted(body), chat_line, chat_reply)
 

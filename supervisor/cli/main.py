@@ -16,9 +16,9 @@ from typing import Any
 import click
 
 from mlxr.shared.config import Settings, parse_duration, parse_host
-from mlxr.shared.errors import InvalidRequest
+from mlxr.shared.errors import InvalidRequest, MlxrError
 from mlxr.supervisor.cli.client import ApiClient, CliError, ServerError, file_digest
-from mlxr.supervisor.cli.format import models_table, running_table, show_info
+from mlxr.supervisor.cli.format import human_bytes, models_table, running_table, show_info
 from mlxr.supervisor.version import version
 
 DEMO_MODEL = "demo"
@@ -159,6 +159,31 @@ def setup_demo(models) -> None:
 
 
 EMBED_MODEL = "all-minilm"
+
+
+@main.command("import")
+@click.argument("name", required=False)
+@click.option("--from-ollama", "from_ollama", is_flag=True, required=True,
+              help="Import from Ollama's store ($OLLAMA_MODELS or ~/.ollama/models)")
+@click.option("--ollama-models", metavar="DIR", help="Ollama's store, if not the default")
+@click.option("--models", help="model store directory (default: MLXR_MODELS)")
+def import_(name, from_ollama, ollama_models, models) -> None:
+    """Use the models of an Ollama store (all, or NAME) without copying them: their blobs are
+    linked into mlxr's store and GGUF weights are converted to MLX on first use."""
+    from mlxr.supervisor.store.ollama_import import import_models, ollama_models_dir
+    from mlxr.supervisor.store.store import Store
+
+    root = Path(ollama_models).expanduser() if ollama_models else ollama_models_dir()
+    settings = settings_from(models=models)
+    try:
+        done = import_models(Store(settings.models_dir), root, name)
+    except MlxrError as err:
+        raise CliError(err.message) from None
+    for item in done:
+        how = ", ".join(f"{n} {k}" for k, n in sorted(item.linked.items()))
+        click.echo(f"imported {item.name} ({human_bytes(item.size)}; blobs: {how})")
+    if not done:
+        click.echo(f"no models in {root}")
 
 
 def _packaged_minilm() -> Path | None:
@@ -324,7 +349,8 @@ def push(name, insecure) -> None:
 
 
 def _local_files(source: str, base: Path) -> dict[str, Path] | None:
-    """The model files of a local directory FROM names; None when it names a model."""
+    """The model files of a local directory or GGUF file FROM names; None when it names a
+    model."""
     from mlxr.supervisor.store.sources import select_files
 
     path = Path(source).expanduser()
@@ -335,7 +361,11 @@ def _local_files(source: str, base: Path) -> dict[str, Path] | None:
         except InvalidRequest as err:
             raise CliError(err.message) from None
     if path.is_file():
-        raise CliError(f'"{source}" is a file: create a model from a directory with '
+        from mlxr.supervisor.store.gguf.convert import is_gguf
+
+        if is_gguf(path):  # uploaded as one blob, as Ollama's CLI does
+            return {path.name if path.name.endswith(".gguf") else "model.gguf": path}
+        raise CliError(f'"{source}" is neither a GGUF file nor a directory with '
                        "config.json and .safetensors files")
     if source.startswith(("/", "./", "../", "~")):
         raise CliError(f'no such directory "{source}"')
@@ -405,8 +435,8 @@ def _upload(client: ApiClient, progress: Any, path: Path, digest: str) -> None:
 @click.option("-f", "--file", "modelfile", metavar="PATH",
               help='Name of the Modelfile (default "Modelfile")')
 @click.option("-q", "--quantize", metavar="LEVEL", help="Quantize model to this level (q4, q8)")
-@click.option("--from", "from_", metavar="DIR|MODEL",
-              help="Build on a local model directory or a model (instead of FROM)")
+@click.option("--from", "from_", metavar="DIR|FILE.gguf|MODEL",
+              help="Build on a local model directory, a GGUF file or a model (instead of FROM)")
 @click.option("--random", "preset", metavar="PRESET",
               help="Build a random-weight test model: tiny, small or medium")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random")

@@ -27,6 +27,7 @@ from mlxr.supervisor.inference.types import (ChatRequest, Completion, Delta, Emb
 from mlxr.supervisor.metrics import Metrics
 from mlxr.supervisor.runners import memory
 from mlxr.supervisor.runners.manager import Lease, LoadSpec, RunnerManager
+from mlxr.supervisor.store.conversions import ensure_converted
 from mlxr.supervisor.store.store import model_details
 
 FOREVER_S = 2**63 / 1e9  # what Ollama shows for a negative keep_alive: the largest duration
@@ -58,7 +59,7 @@ class Service:
 
     async def chat(self, req: ChatRequest) -> Completion:
         started = time.monotonic()
-        record = self.resolve(req.model)
+        record = await self.resolve(req.model)
         keep_alive = self._keep_alive(req.keep_alive_s)
         if not req.messages:
             return await self._load_or_unload(req.model, record, keep_alive, started, req.options)
@@ -68,7 +69,7 @@ class Service:
 
     async def generate(self, req: GenerateRequest) -> Completion:
         started = time.monotonic()
-        record = self.resolve(req.model)
+        record = await self.resolve(req.model)
         keep_alive = self._keep_alive(req.keep_alive_s)
         if not req.prompt and keep_alive == 0:
             return await self._load_or_unload(req.model, record, keep_alive, started, req.options)
@@ -78,15 +79,15 @@ class Service:
         return await self._start(req.model, p, keep_alive, started, logprobs=req.logprobs,
                                  top_logprobs=req.top_logprobs)
 
-    def render_chat(self, req: ChatRequest) -> str:
+    async def render_chat(self, req: ChatRequest) -> str:
         """The prompt a chat request would send (Ollama's `_debug_render_only`)."""
         if not req.messages:
             return ""
-        return prepare_chat(req, self.resolve(req.model), self.store,
+        return prepare_chat(req, await self.resolve(req.model), self.store,
                             self.settings.context_length).prompt
 
-    def render_generate(self, req: GenerateRequest) -> str:
-        p = prepare_generate(req, self.resolve(req.model), self.store,
+    async def render_generate(self, req: GenerateRequest) -> str:
+        p = prepare_generate(req, await self.resolve(req.model), self.store,
                              self.settings.context_length)
         return p.prompt if p is not None else ""
 
@@ -110,7 +111,7 @@ class Service:
         """Embeddings from an embedding model, or pooled from a language model (as Ollama
         gives for generative models)."""
         started = time.monotonic()
-        record = self.resolve(req.model)
+        record = await self.resolve(req.model)
         caps = capabilities(record)
         if "embedding" not in caps and "completion" not in caps:
             raise InvalidRequest(f'"{req.model}" does not support embeddings')
@@ -132,10 +133,15 @@ class Service:
                            load_duration=_ns(lease.load_duration_s),
                            total_duration=_ns(time.monotonic() - started))
 
-    def resolve(self, model: str) -> Any:
+    async def resolve(self, model: str) -> Any:
+        """The model's record, its GGUF weights converted to MLX first (once) if need be."""
         if not model:
             raise InvalidRequest("model is required")
-        return self.store.resolve(model)
+        record = self.store.resolve(model)
+        source = self.store.gguf_source(record)
+        if source is not None:
+            await ensure_converted(self.store, source)
+        return record
 
     # -- the request path ----------------------------------------------------------------
 

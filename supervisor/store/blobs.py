@@ -176,6 +176,30 @@ class Blobs:
             raise
         return hex_digest, size, not existed
 
+    def link(self, src: Path, hex_digest: str) -> str:
+        """Make `src` (a blob of another store, e.g. Ollama's) our blob `hex_digest` without
+        copying it: a hard link, or a symbolic link across file systems. `src` is read once to
+        check its digest and never written. Returns "present", "hardlink" or "symlink"."""
+        if self.exists(hex_digest):
+            return "present"
+        actual, _ = hash_file(src)
+        if actual != hex_digest:
+            raise InvalidRequest(f"{src} does not hold sha256:{hex_digest} (got sha256:{actual})")
+        tmp = self.root / f"sha256-{hex_digest}-partial-{uuid.uuid4().hex[:12]}"
+        try:
+            os.link(src, tmp)
+            how = "hardlink"
+        except OSError:
+            os.symlink(src.resolve(), tmp)
+            how = "symlink"
+        try:
+            os.replace(tmp, self.path(hex_digest))
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(self.root)
+        return how
+
     def remove(self, hex_digest: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path(hex_digest).unlink()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .manifest import Layer
-from .metadata import describe, human_number
+from .metadata import capabilities_for, describe, human_number
 from .random_model import PRESETS
 
 
@@ -60,4 +60,33 @@ def make_config_blob(files: Mapping[str, Path], layers: list[Layer], template: s
     }
     if random:
         config["random"] = random
+    return json.dumps(config, separators=(",", ":")).encode() + b"\n"
+
+
+def make_gguf_config_blob(summary: Any, layers: list[Layer], template: str | None) -> bytes:
+    """The config blob of a GGUF model, as Ollama writes it (format "gguf", the GGUF file
+    type), with the GGUF metadata as `model_info` (long arrays such as the vocabulary shown as
+    null, as Ollama's show does)."""
+    kv = summary.kv
+    arch = summary.architecture
+    info: dict[str, Any] = {k: (None if isinstance(v, list) and len(v) > 64 else v)
+                            for k, v in kv.items()}
+    info["general.parameter_count"] = summary.parameter_count
+    ctx, emb = kv.get(f"{arch}.context_length"), kv.get(f"{arch}.embedding_length")
+    config: dict[str, Any] = {
+        "model_format": "gguf",
+        "model_family": arch,
+        "model_families": [arch],
+        "model_type": human_number(summary.parameter_count),
+        "file_type": summary.file_type,
+        "capabilities": capabilities_for({"model_type": arch},
+                                         template or summary.chat_template, {}),
+        "context_length": ctx if isinstance(ctx, int) else None,
+        "embedding_length": emb if isinstance(emb, int) else None,
+        "architecture": "amd64",
+        "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [x.digest for x in layers]},
+        "parameter_count": summary.parameter_count,
+        "model_info": info,
+    }
     return json.dumps(config, separators=(",", ":")).encode() + b"\n"

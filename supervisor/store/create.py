@@ -25,7 +25,9 @@ from mlxr.shared.errors import InvalidRequest, MlxrError
 from . import manifest as mf
 from . import quantize as quantize_script
 from .blobs import digest_ref, parse_digest
-from .config_blob import make_config_blob, random_label
+from .config_blob import make_config_blob, make_gguf_config_blob, random_label
+from .conversions import converting
+from .gguf.convert import GgufSummary, check_supported, is_gguf
 from .manifest import Layer, Manifest
 from .modelfile import normalize_parameters, parse_modelfile
 from .names import ModelName, parse_name
@@ -124,7 +126,8 @@ def _merge_modelfile(req: CreateRequest, text: str) -> None:
 
 
 def _looks_like_path(text: str) -> bool:
-    return text.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(text))
+    return text.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(text)) \
+        or (text.endswith(".gguf") and os.path.isfile(os.path.expanduser(text)))
 
 
 @dataclass(slots=True)
@@ -136,6 +139,9 @@ class _Plan:
     random: RandomSpec | None = None
     bits: int | None = None
     owned: bool = False  # the directory's files may be moved into blobs
+    gguf_file: Path | None = None  # a local GGUF file to store as the model layer
+    gguf: Layer | None = None  # the GGUF model layer, once it is a blob
+    gguf_summary: GgufSummary | None = None
 
 
 def _prepare(store: Store, req: CreateRequest) -> _Plan:
@@ -150,7 +156,10 @@ def _prepare(store: Store, req: CreateRequest) -> _Plan:
         raise InvalidRequest("neither 'from', 'files' nor 'random' was specified")
     if sources > 1:
         raise InvalidRequest("give only one of 'from', 'files' and 'random'")
-    if req.files:
+    if req.files and any(_is_gguf_name(n) for n in req.files):
+        plan.gguf = _gguf_layer(store, req.files)
+        plan.gguf_summary = check_supported(store.blobs.path(plan.gguf.hex))
+    elif req.files:
         for file_name, ref in req.files.items():
             hex_digest = parse_digest(ref)
             if not store.blobs.exists(hex_digest):
@@ -161,17 +170,51 @@ def _prepare(store: Store, req: CreateRequest) -> _Plan:
                                                name=file_name)
         _check_model_files({n: store.blobs.path(x.hex) for n, x in plan.blob_files.items()})
     elif req.from_ and _looks_like_path(req.from_):
-        plan.directory = Path(os.path.expanduser(req.from_)).resolve()
-        select_files(plan.directory)  # validates now; copied later
+        path = Path(os.path.expanduser(req.from_)).resolve()
+        if path.is_file():
+            if not is_gguf(path):
+                raise InvalidRequest(f'"{req.from_}" is neither a GGUF file nor a model '
+                                     "directory")
+            plan.gguf_file, plan.gguf_summary = path, check_supported(path)
+        else:
+            plan.directory = path
+            select_files(plan.directory)  # validates now; copied later
     elif req.from_:
         plan.base = store.resolve(req.from_)
-        layers = store.manifest_of(plan.base).files()
-        if not layers:
-            raise InvalidRequest(f'model "{req.from_}" has no safetensors files to build on')
+        m = store.manifest_of(plan.base)
+        plan.gguf = m.gguf()
+        layers = m.files()
+        if plan.gguf is not None:
+            plan.gguf_summary = check_supported(store.blobs.path(plan.gguf.hex))
+        elif not layers:
+            raise InvalidRequest(f'model "{req.from_}" has no model files to build on')
         plan.blob_files = {x.name: x for x in layers}
+    if plan.bits and (plan.gguf or plan.gguf_file):
+        raise InvalidRequest("quantizing a GGUF model is not supported: its tensors keep the "
+                             "quantization they have")
     if plan.bits and _already_quantized(store, plan):
         raise InvalidRequest("model is already quantized")
     return plan
+
+
+def _is_gguf_name(file_name: str) -> bool:
+    return file_name.lower().endswith(".gguf")
+
+
+def _gguf_layer(store: Store, files: dict[str, str]) -> Layer:
+    """The one GGUF file of an Ollama-style `files` map, as a model layer."""
+    if len(files) != 1:
+        raise InvalidRequest("a GGUF model is one .gguf file: give it alone in files "
+                             "(adapters and projectors are not supported)")
+    (file_name, ref), = files.items()
+    hex_digest = parse_digest(ref)
+    if not store.blobs.exists(hex_digest):
+        raise InvalidRequest(f'blob {ref} for "{file_name}" not found: upload it with '
+                             "POST /api/blobs/<digest> first")
+    path = store.blobs.path(hex_digest)
+    if not is_gguf(path):
+        raise InvalidRequest(f'"{file_name}" is not a GGUF file')
+    return Layer(mf.MEDIA_MODEL, digest_ref(hex_digest), path.stat().st_size)
 
 
 def _already_quantized(store: Store, plan: _Plan) -> bool:
@@ -202,7 +245,7 @@ async def create_model(store: Store, req: CreateRequest, *,
                        move_files: bool = False) -> AsyncIterator[dict[str, Any]]:
     """Create (or replace) a model; yields Ollama-style progress dicts, ending in success.
     `move_files`: the `from` directory is ours (a download) and its files may be moved."""
-    plan = _prepare(store, req)
+    plan = await asyncio.to_thread(_prepare, store, req)
     plan.owned = move_files
     pins: list[str] = []
 
@@ -212,6 +255,8 @@ async def create_model(store: Store, req: CreateRequest, *,
 
     for layer in plan.blob_files.values():
         pin(layer.hex)
+    if plan.gguf is not None:
+        pin(plan.gguf.hex)
     work = store.tmp_dir / f"create-{uuid.uuid4().hex[:12]}"
     try:
         yield {"status": "reading model metadata"}
@@ -222,7 +267,19 @@ async def create_model(store: Store, req: CreateRequest, *,
         if plan.bits:
             async for status in _quantize(store, plan, work, pin):
                 yield status
+        if plan.gguf_file is not None:
+            hex_digest, size, created = await asyncio.to_thread(store.blobs.add_file,
+                                                                plan.gguf_file, False)
+            pin(hex_digest)
+            plan.gguf = Layer(mf.MEDIA_MODEL, digest_ref(hex_digest), size)
+            verb = "creating new layer" if created else "using existing layer"
+            yield {"status": f"{verb} {plan.gguf.digest}"}
+        if plan.gguf is not None:
+            async for status in converting(store, plan.gguf.hex):
+                yield status
         layers = [plan.blob_files[n] for n in sorted(plan.blob_files)]  # deterministic
+        if plan.gguf is not None:
+            layers = [plan.gguf]
         meta = await asyncio.to_thread(_metadata_layers, store, plan.base, req, pin)
         for layer in meta:
             pin(layer.hex)  # inherited layers
@@ -232,7 +289,11 @@ async def create_model(store: Store, req: CreateRequest, *,
                          if x.media_type == mf.MEDIA_TEMPLATE), None)
         label = random_label(plan.random.preset, plan.random.seed) if plan.random else \
             (plan.base.config.get("random") if plan.base else None)
-        config = await asyncio.to_thread(make_config_blob, paths, layers + meta, template, label)
+        if plan.gguf is not None:
+            config = make_gguf_config_blob(plan.gguf_summary, layers + meta, template)
+        else:
+            config = await asyncio.to_thread(make_config_blob, paths, layers + meta, template,
+                                             label)
         pin(hashlib.sha256(config).hexdigest())
         config_hex, _ = await asyncio.to_thread(store.blobs.add_bytes, config)
         m = Manifest(Layer(mf.MEDIA_CONFIG, digest_ref(config_hex), len(config)), layers + meta)

@@ -105,6 +105,10 @@ class Manifest:
     def first(self, media_type: str) -> Layer | None:
         return next((x for x in self.layers if x.media_type == media_type), None)
 
+    def gguf(self) -> Layer | None:
+        """The GGUF weights layer of a model in Ollama's own format, if any."""
+        return self.first(MEDIA_MODEL)
+
     def files(self) -> list[Layer]:
         """The layers that are model files (tensor and json layers with a name)."""
         return [x for x in self.layers if x.name and x.media_type in (MEDIA_TENSOR, MEDIA_JSON)]

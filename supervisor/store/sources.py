@@ -11,7 +11,7 @@ from .manifest import MEDIA_JSON, MEDIA_TENSOR
 MAX_TEXT_FILE_BYTES = 64 << 20
 _TEXT_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
 _TEXT_NAMES = ("NOTICE", "LICENSE", "LICENSE.txt")
-_UNSUPPORTED = (".gguf", ".bin", ".pt", ".pth")
+_UNSUPPORTED = (".bin", ".pt", ".pth")
 
 
 def media_type_for(file_name: str) -> str:
@@ -27,7 +27,7 @@ def check_file_name(file_name: str) -> str:
                              "inside the model directory")
     if file_name.endswith(_UNSUPPORTED):
         raise InvalidRequest(f'unsupported file "{file_name}": mlxr stores Hugging Face/MLX '
-                             "safetensors models (GGUF and PyTorch files are not supported)")
+                             "safetensors and GGUF models (PyTorch files are not supported)")
     return rel.as_posix()
 
 

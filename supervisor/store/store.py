@@ -3,6 +3,8 @@
     <root>/manifests/<host>/<namespace>/<model>/<tag>   manifest JSON (name lower-cased)
     <root>/blobs/sha256-<hex>                            content-addressed files
     <root>/runners/<manifest digest>/<file name>         symlinks to blobs, for mlx_lm.load
+    <root>/derived/gguf-v<N>/<GGUF blob hex>/            MLX directories made from GGUF blobs
+                                                         (conversions.py)
     <root>/.lock                                         the inter-process store lock
 
 Invariants:
@@ -32,6 +34,7 @@ from typing import Any, Iterable, Iterator
 
 from mlxr.shared.errors import InvalidRequest, MlxrError, ModelNotFound
 
+from . import conversions
 from . import manifest as mf
 from .blobs import Blobs
 from .files import TEMP_PREFIX, StoreLock, atomic_write, prune_empty_dirs
@@ -172,9 +175,21 @@ class Store:
         return Manifest.from_bytes(json.dumps(record.manifest).encode())
 
     # ----- files for the runner ---------------------------------------------------------
+    def gguf_source(self, record: ModelRecord) -> str | None:
+        """The digest (hex) of a model's GGUF weights, for a model in Ollama's own format."""
+        layer = self.manifest_of(record).gguf()
+        return layer.hex if layer is not None else None
+
     def runner_dir(self, record: ModelRecord) -> Path:
-        """A directory of symlinks (file name -> blob) that mlx_lm.utils.load can load."""
-        files = self.manifest_of(record).files()
+        """A directory that mlx_lm.utils.load can load: for a GGUF model its converted directory
+        (`conversions.ensure_converted` first), else one of symlinks (file name -> blob)."""
+        m = self.manifest_of(record)
+        gguf = m.gguf()
+        if gguf is not None:
+            if not conversions.is_converted(self.root, gguf.hex):
+                raise MlxrError(f'model "{record.name}" has not been converted to MLX yet')
+            return conversions.derived_path(self.root, gguf.hex)
+        files = m.files()
         if not any(x.name.endswith(".safetensors") for x in files):
             raise InvalidRequest(f'model "{record.name}" has no safetensors weights; '
                                  f'its format is {record.config.get("model_format") or "unknown"}')
@@ -230,6 +245,10 @@ class Store:
             if self._pins[hex_digest] <= 0:
                 del self._pins[hex_digest]
 
+    def _pinned(self) -> set[str]:
+        with self._pins_lock:
+            return set(self._pins)
+
     def _is_pinned(self, hex_digest: str) -> bool:
         with self._pins_lock:
             return self._pins.get(hex_digest, 0) > 0
@@ -277,8 +296,10 @@ class Store:
         with self.lock.held():
             removed = self._collect(self.blobs.all_digests())
         cutoff = time.time() - stale_s
+        version_dir = conversions.version_dir(self.root)
         leftovers = [*self.blobs.root.glob("*-partial-*"),
-                     *(self.tmp_dir.iterdir() if self.tmp_dir.is_dir() else [])]
+                     *(self.tmp_dir.iterdir() if self.tmp_dir.is_dir() else []),
+                     *(version_dir.glob(TEMP_PREFIX + "*") if version_dir.is_dir() else [])]
         for path in leftovers:
             with contextlib.suppress(OSError):
                 if path.lstat().st_mtime < cutoff:
@@ -313,6 +334,8 @@ class Store:
             for d in self.runners_dir.iterdir():
                 if d.name not in live_models and not d.name.startswith(TEMP_PREFIX):
                     shutil.rmtree(d, ignore_errors=True)
+        for d in conversions.stale_dirs(self.root, referenced | self._pinned()):
+            shutil.rmtree(d, ignore_errors=True)
         return removed
 
 

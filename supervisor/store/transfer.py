@@ -25,6 +25,8 @@ from .blobs import BlobWriter, Blobs
 from .registry_client import RegistryClient
 from .manifest import Layer, Manifest, ManifestError
 from .names import ModelName, parse_name
+from .conversions import converting
+from .gguf.convert import check_supported
 from .shared_job import Emit, SharedJob
 from .store import Store
 
@@ -63,6 +65,11 @@ async def _pull(store: Store, name: ModelName, insecure: bool, emit: Emit) -> No
             for layer in [*m.layers, m.config]:
                 await _download(store.blobs, client, layer, emit)
             emit({"status": "verifying sha256 digest"})
+            gguf = m.gguf()
+            if gguf is not None:  # Ollama's own format: make its MLX directory now, once
+                await asyncio.to_thread(check_supported, store.blobs.path(gguf.hex))
+                async for item in converting(store, gguf.hex):
+                    emit(item)
             emit({"status": "writing manifest"})
             await asyncio.to_thread(store.write_manifest, name, data)
     emit({"status": "removing any unused layers"})

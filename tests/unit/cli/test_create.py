@@ -72,7 +72,7 @@ def test_without_a_modelfile_the_current_directory_is_the_model(tmp_path):
 @pytest.mark.parametrize("modelfile, message", [
     (None, "specified Modelfile wasn't found"),
     ("FROM ./nowhere\n", 'no such directory "./nowhere"'),
-    ("FROM ./file.bin\n", '"./file.bin" is a file'),
+    ("FROM ./file.bin\n", '"./file.bin" is neither a GGUF file nor a directory'),
     ("FROM ./empty\n", "has no config.json"),
     ("FROM x\nPARAMETER num_predict lots\n", "invalid int value for parameter num_predict"),
     ("FROM x\nBOGUS y\n", 'Modelfile line 2: unknown command "bogus"'),

@@ -105,6 +105,9 @@ class StubStore:
     def runner_dir(self, record) -> Path:
         return record.dir
 
+    def gguf_source(self, record) -> None:
+        return None
+
     def list(self):
         return list(self.records.values())
 

@@ -138,7 +138,7 @@ def test_replacing_a_model_collects_its_old_layers(store, tmp_path):
      "not found: upload it"),
     ({"model": "x", "files": {"../config.json": "sha256:" + "0" * 64}}, InvalidRequest,
      "invalid file name"),
-    ({"model": "x", "files": {"m.gguf": "sha256:" + "0" * 64}}, InvalidRequest, "GGUF"),
+    ({"model": "x", "files": {"m.gguf": "sha256:" + "0" * 64}}, InvalidRequest, "not found"),
     ({"model": "bad name", "random": {}}, InvalidRequest, "invalid model name"),
     ({"model": "x", "random": {}, "parameters": {"bogus": 1}}, InvalidRequest,
      "unknown parameter"),

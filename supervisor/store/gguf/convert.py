@@ -1,0 +1,251 @@
+"""A GGUF file -> an MLX model directory (config.json, model-*.safetensors, tokenizer.json,
+tokenizer_config.json) that mlx_lm loads.
+
+Run as a child process of the supervisor (`python -m mlxr.supervisor.store.gguf.convert SRC
+DST`), so the MLX work and memory of a conversion stay out of the server. It prints progress as
+JSON lines on stdout ({"completed": bytes, "total": bytes}); a model it cannot convert ends it
+with exit status 2 and one JSON line on stderr ({"error": message}) that the caller turns into
+a 400.
+
+Invariants:
+- Quantized tensors stay quantized at the precision they have (quants.py); float tensors become
+  the model's float type: float32 where MLX runs on the CPU, else the source's (F16 -> float16).
+- The output depends only on the GGUF bytes, CONVERTER_VERSION and that float type; the caller
+  keys the directory by all three and writes it under a temporary name first.
+- Nothing is written into DST before every tensor name and type is known to be supported.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from mlxr.shared.errors import InvalidRequest
+
+# Bump when the output of a conversion changes: older derived directories are then redone.
+CONVERTER_VERSION = 1
+SHARD_BYTES = 2 << 30
+GROUP_SIZE = 32
+
+
+@dataclass(slots=True)
+class GgufSummary:
+    """What the store needs from a GGUF file's header (no tensor data is read)."""
+
+    architecture: str
+    kv: dict[str, Any]
+    parameter_count: int
+    tensor_types: dict[str, int]  # tensor name -> ggml type
+    file_type: str  # "Q4_K_M", "F16", ...
+
+    @property
+    def chat_template(self) -> str | None:
+        value = self.kv.get("tokenizer.chat_template")
+        return value if isinstance(value, str) and value else None
+
+
+def is_gguf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def _reader(path: Path):
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path), "r")
+    except (ValueError, OSError, IndexError, KeyError) as exc:
+        raise InvalidRequest(f"{path.name} is not a readable GGUF file: {exc}") from None
+
+
+def read_kv(reader) -> dict[str, Any]:
+    """Every metadata value as plain Python (strings, numbers, lists)."""
+    kv: dict[str, Any] = {}
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        kv[name] = field.contents()
+    return kv
+
+
+def _file_type_name(kv: dict[str, Any], types: dict[str, int]) -> str:
+    from gguf import GGMLQuantizationType, LlamaFileType
+
+    code = kv.get("general.file_type")
+    if isinstance(code, int):
+        try:
+            return LlamaFileType(code).name.removeprefix("MOSTLY_").replace("GUESSED", "")
+        except ValueError:
+            pass
+    counts = collections.Counter(t for n, t in types.items() if n.endswith(".weight"))
+    if not counts:
+        return "unknown"
+    return GGMLQuantizationType(counts.most_common(1)[0][0]).name
+
+
+def check_supported(path: Path) -> GgufSummary:
+    """Read a GGUF header and check that this converter can take it: the architecture, every
+    tensor name and every tensor type. Raises InvalidRequest subclasses naming what is not."""
+    from . import arch, quants
+
+    reader = _reader(path)
+    kv = read_kv(reader)
+    name = kv.get("general.architecture")
+    if not isinstance(name, str):
+        raise InvalidRequest(f"{path.name} has no general.architecture")
+    if name not in arch.ARCHITECTURES:
+        raise arch.UnsupportedArchitecture(
+            f'unsupported model architecture "{name}"; mlxr runs GGUF models of these '
+            "architectures: " + ", ".join(arch.ARCHITECTURES))
+    types: dict[str, int] = {}
+    count = 0
+    for t in reader.tensors:
+        arch.hf_tensor_name(name, t.name)  # raises for a tensor it cannot place
+        quants.requantized_bits(int(t.tensor_type))  # raises for an unsupported type
+        types[t.name] = int(t.tensor_type)
+        count += int(t.n_elements)
+    from . import tokenizer
+    tokenizer.check_tokenizer(kv)
+    return GgufSummary(name, kv, count, types, _file_type_name(kv, types))
+
+
+def target_float_dtype(source_types: set[str]) -> str:
+    """float32 where MLX computes on the CPU; elsewhere the source's half type, if any."""
+    import mlx.core as mx
+
+    if mx.default_device() == mx.cpu:
+        return "float32"
+    return "bfloat16" if "BF16" in source_types else "float16"
+
+
+def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = None,
+            float_dtype: str | None = None) -> dict[str, Any]:
+    """Convert `src` into the (new, empty) directory `dst`; returns the config written."""
+    import mlx.core as mx
+    from gguf import GGMLQuantizationType
+
+    from . import arch, quants, tokenizer
+
+    summary = check_supported(src)
+    reader = _reader(src)
+    kv, name = summary.kv, summary.architecture
+    tensors = {t.name: t for t in reader.tensors}
+    floats = {GGMLQuantizationType(t.tensor_type).name for t in reader.tensors}
+    dtype = getattr(mx, float_dtype or target_float_dtype(floats))
+    rope_freqs = tensors.get("rope_freqs.weight")
+    config = arch.hf_config(
+        kv, vocab_size=_vocab_size(kv, tensors), tied="output.weight" not in tensors,
+        has_rope_freqs=rope_freqs is not None,
+        rope_freqs=None if rope_freqs is None else np.asarray(rope_freqs.data, np.float32))
+    config.update({k: v for k, v in tokenizer.special_token_ids(kv).items() if v is not None})
+    config["torch_dtype"] = str(dtype).removeprefix("mlx.core.")
+    dst.mkdir(parents=True, exist_ok=True)
+    total = sum(int(t.n_bytes) for t in reader.tensors)
+    done = 0
+    bits_of: dict[str, int] = {}
+    shard: dict[str, mx.array] = {}
+    shard_bytes, shard_index = 0, 0
+    for t in reader.tensors:
+        hf = arch.hf_tensor_name(name, t.name)
+        done += int(t.n_bytes)
+        if hf is None:
+            continue
+        shape = tuple(int(x) for x in reversed(t.shape))
+        out = quants.to_mlx(int(t.tensor_type), t.data, shape, t.name,
+                            quantize=hf.endswith(".weight") and len(shape) == 2)
+        order = arch.row_order(name, hf, config)
+        arrays = _arrays(out, hf, order, arch.value_offset(name, hf), dtype)
+        if out.bits is not None:
+            bits_of[hf.removesuffix(".weight")] = out.bits
+        for key, value in arrays.items():
+            shard[key] = value
+            shard_bytes += value.nbytes
+        if shard_bytes >= SHARD_BYTES:
+            shard_index += 1
+            mx.save_safetensors(str(dst / f"model-{shard_index:05d}.safetensors"), shard,
+                                metadata={"format": "mlx"})
+            shard, shard_bytes = {}, 0
+        if progress is not None:
+            progress(done, total)
+    if shard or shard_index == 0:
+        shard_index += 1
+        mx.save_safetensors(str(dst / f"model-{shard_index:05d}.safetensors"), shard,
+                            metadata={"format": "mlx"})
+    if bits_of:
+        config["quantization"] = _quantization(bits_of)
+    config["mlxr_gguf"] = {"converter_version": CONVERTER_VERSION,
+                           "file_type": summary.file_type}
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    for file_name, data in tokenizer.hf_tokenizer_files(kv).items():
+        (dst / file_name).write_bytes(data)
+    return config
+
+
+def _vocab_size(kv: dict[str, Any], tensors: dict[str, Any]) -> int:
+    embed = tensors.get("token_embd.weight")
+    if embed is not None:
+        return int(embed.shape[-1])  # GGUF order: (hidden, vocab)
+    tokens = kv.get("tokenizer.ggml.tokens")
+    return len(tokens) if isinstance(tokens, list) else 0
+
+
+def _arrays(out, hf: str, order: np.ndarray | None, offset: float, dtype) -> dict[str, Any]:
+    import mlx.core as mx
+
+    stem = hf.removesuffix(".weight")
+    if out.bits is None:
+        weight = out.weight if order is None else out.weight[order]
+        if offset:
+            weight = weight + np.float32(offset)
+        return {hf: mx.array(weight).astype(dtype)}
+    parts = {hf: out.weight, f"{stem}.scales": out.scales, f"{stem}.biases": out.biases}
+    result = {}
+    for key, value in parts.items():
+        value = value if order is None else value[order]
+        array = mx.array(value)
+        result[key] = array if key == hf else array.astype(dtype)
+    return result
+
+
+def _quantization(bits_of: dict[str, int]) -> dict[str, Any]:
+    """mlx_lm's quantization config: the most common bits, per-layer entries for the rest."""
+    common = collections.Counter(bits_of.values()).most_common(1)[0][0]
+    config: dict[str, Any] = {"group_size": GROUP_SIZE, "bits": common, "mode": "affine"}
+    for path, bits in sorted(bits_of.items()):
+        if bits != common:
+            config[path] = {"group_size": GROUP_SIZE, "bits": bits}
+    return config
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m mlxr.supervisor.store.gguf.convert SRC.gguf DST_DIR",
+              file=sys.stderr)
+        return 64
+    last = [-1]
+
+    def progress(done: int, total: int) -> None:
+        step = done * 100 // max(total, 1)
+        if step != last[0]:
+            last[0] = step
+            print(json.dumps({"completed": done, "total": total}), flush=True)
+
+    try:
+        convert(Path(argv[0]), Path(argv[1]), progress)
+    except InvalidRequest as exc:
+        print(json.dumps({"error": str(exc), "kind": exc.kind}), file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,127 @@
+"""An MLX/Hugging Face model directory -> a GGUF file, the way llama.cpp's converter lays one
+out (its tensor names, metadata keys, q/k row order and Gemma's norm + 1), so tests and
+benchmarks can make GGUF models from the random models nothing needs to download.
+
+Tensor types, by the file type asked for (as llama.cpp picks them): 1-D tensors stay F32; a
+2-D tensor whose rows do not divide into the type's blocks falls back to F16 (F32 on "F32").
+"Q4_K_M" stores the output projection as Q6_K and every other matrix as Q4_K; "Q4_K" uses
+Q4_K throughout.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FILE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q4_K_M")
+
+
+def _load_float32(model_dir: Path) -> dict[str, np.ndarray]:
+    import mlx.core as mx
+
+    tensors: dict[str, np.ndarray] = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        for name, array in mx.load(str(path)).items():
+            tensors[name] = np.array(array.astype(mx.float32))
+    return tensors
+
+
+def _tensor_type(file_type: str, gguf_name: str, shape: tuple[int, ...]):
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+    if len(shape) < 2:
+        return T.F32
+    if file_type == "Q4_K_M":
+        wanted = T.Q6_K if gguf_name == "output.weight" else T.Q4_K
+    else:
+        wanted = T[file_type]
+    block = GGML_QUANT_SIZES[wanted][0]
+    if shape[-1] % block:
+        return T.F32 if file_type == "F32" else T.F16
+    return wanted
+
+
+def _encode(x: np.ndarray, ggml_type) -> tuple[np.ndarray, Any]:
+    """(data for GGUFWriter.add_tensor, raw_dtype) of a float32 array as `ggml_type`."""
+    from gguf import GGMLQuantizationType as T, quants as gq
+
+    from . import quants
+
+    if ggml_type == T.F32:
+        return x.astype(np.float32), None
+    if ggml_type == T.F16:
+        return x.astype(np.float16), None
+    if ggml_type == T.Q4_K:
+        return quants.quantize_q4_k(x), ggml_type
+    if ggml_type == T.Q6_K:
+        return quants.quantize_q6_k(x), ggml_type
+    return gq.quantize(x, ggml_type), ggml_type
+
+
+def _add_kv(writer, key: str, value: Any) -> None:
+    from gguf import GGUFValueType as V
+
+    if isinstance(value, bool):
+        writer.add_key_value(key, value, V.BOOL)
+    elif isinstance(value, int):
+        writer.add_key_value(key, value, V.UINT32 if 0 <= value < 1 << 32 else V.INT64)
+    elif isinstance(value, float):
+        writer.add_key_value(key, value, V.FLOAT32)
+    elif isinstance(value, str):
+        writer.add_key_value(key, value, V.STRING)
+    elif isinstance(value, (list, tuple)):
+        if value and all(isinstance(v, float) for v in value):
+            writer.add_key_value(key, list(value), V.ARRAY, V.FLOAT32)
+        elif value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            writer.add_key_value(key, list(value), V.ARRAY, V.INT32)
+        else:
+            writer.add_array(key, list(value))
+    elif value is not None:
+        raise TypeError(f"cannot write {key}={value!r} to GGUF")
+
+
+def write_gguf(model_dir: Path, dest: Path, file_type: str = "F16") -> Path:
+    """Write `model_dir` (float safetensors, any supported architecture) as a GGUF file."""
+    from gguf import GGUFWriter, LlamaFileType
+
+    from . import arch as arches
+    from .tokenizer import gguf_tokenizer_fields
+
+    if file_type not in FILE_TYPES:
+        raise ValueError(f"file type {file_type!r}: choose one of {', '.join(FILE_TYPES)}")
+    model_dir, dest = Path(model_dir), Path(dest)
+    config = json.loads((model_dir / "config.json").read_text())
+    if config.get("quantization"):
+        raise ValueError("write GGUF files from float models only")
+    arch, kv = arches.gguf_metadata(config)
+    kv = {**kv, **gguf_tokenizer_fields(model_dir)}
+    ftype = "MOSTLY_" + file_type if file_type != "F32" else "ALL_F32"
+    kv["general.file_type"] = int(LlamaFileType[ftype])
+    kv.setdefault("general.name", str(config.get("mlxr_random_preset") or model_dir.name))
+    writer = GGUFWriter(str(dest), arch)
+    for key, value in kv.items():
+        if key != "general.architecture":
+            _add_kv(writer, key, value)
+    tensors = _load_float32(model_dir)
+    for hf_name in sorted(tensors):
+        x = tensors[hf_name]
+        name = arches.gguf_tensor_name(arch, hf_name)
+        order = arches.gguf_row_order(arch, hf_name, config)
+        if order is not None:
+            x = x[order]
+        offset = arches.value_offset(arch, hf_name)
+        if offset:
+            x = x - np.float32(offset)  # the inverse of the reader's offset
+        data, raw = _encode(np.ascontiguousarray(x), _tensor_type(file_type, name, x.shape))
+        writer.add_tensor(name, data, raw_dtype=raw)
+    extra = arches.extra_tensors(config) if hasattr(arches, "extra_tensors") else {}
+    for name, x in extra.items():
+        writer.add_tensor(name, np.asarray(x, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest
