@@ -45,6 +45,7 @@ def load_model(config: RunnerConfig, blas: str,
     """Load `config.model_dir`; `blas` describes the BLAS in use (for the log)."""
     from mlx_lm.utils import load
 
+    from mlxr.runner.architectures import fix_model
     from mlxr.runner.embed.embeddings import LMEmbedder, is_encoder_dir, load_encoder_embedder
     from mlxr.runner.model_step import ModelStep
 
@@ -53,6 +54,7 @@ def load_model(config: RunnerConfig, blas: str,
         return LoadedModel(emb.model, emb.tokenizer, emb.max_length, 1, emb.vocab_size,
                            ["embedding"], emb)
     model, tokenizer, model_config = load(config.model_dir, return_config=True)
+    fix_model(model, model_config)
     on_progress(0.9)
     max_context = int(model_config.get("max_position_embeddings")
                       or getattr(tokenizer, "model_max_length", 0) or 1 << 20)

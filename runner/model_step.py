@@ -7,7 +7,8 @@ Invariants:
 - A prefilling sequence has its own single-sequence cache in `self.prefills` until its last
   chunk runs; then that cache is merged into the batch cache.
 - The prefix cache receives a sequence's KV state when its prompt is done and when it leaves
-  the batch, for exactly the tokens that state covers.
+  the batch, for exactly the tokens that state covers (runner/cache_state.py: sliding-window
+  layers keep their last positions only, and serve the prefixes they still cover).
 - Decode runs one step ahead when it can: after a pure decode step, the next step's forward
   pass is queued on the device (from the still-lazy sampled tokens) before the host reads this
   step's tokens, so host work overlaps device work. The step ahead has already appended one
@@ -24,6 +25,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
+from mlxr.runner import cache_state
+from mlxr.runner.architectures import logit_transform
 from mlxr.runner.batch_cache import append_row
 from mlxr.runner.host_head import MAX_ROWS as HOST_HEAD_MAX_ROWS, HostHead
 from mlxr.runner.transposed_head import TransposedHead
@@ -37,11 +40,17 @@ log = logging.getLogger("mlxr.runner")
 
 @dataclass(slots=True)
 class SplitModel:
-    """The model as body (tokens -> hidden states) and head (hidden -> logits), so a prefill
-    computes logits for its last position only. `None` parts mean: call the whole model."""
+    """The model as body (tokens -> hidden states) and head (hidden -> the output projection),
+    so a prefill computes logits for its last position only. `post`, where set, turns the
+    projection into the logits (runner/architectures.py). `None` body and head mean: call the
+    whole model."""
 
     body: Any
     head: Any
+    post: Any = None
+
+    def logits(self, projected: mx.array) -> mx.array:
+        return projected if self.post is None else self.post(projected)
 
 
 def split_model(model) -> SplitModel:
@@ -53,12 +62,14 @@ def split_model(model) -> SplitModel:
         head = getattr(embed, "as_linear", None)
     if body is None or head is None:
         return SplitModel(None, None)
+    split = SplitModel(body, head, logit_transform(model))
     try:
         probe = mx.array([[1, 2, 3]])
         whole = model(probe, cache=make_prompt_cache(model))
-        parts = head(body(probe, cache=make_prompt_cache(model)))
+        parts = split.logits(head(body(probe, cache=make_prompt_cache(model))))
         if whole.shape == parts.shape and mx.allclose(whole, parts, atol=1e-4).item():
-            return SplitModel(body, head)
+            return split
+        log.info("model does not split into body and head; using whole-model calls")
     except Exception as exc:  # any mismatch in signatures means the generic path
         log.info("model does not split into body and head (%s); using whole-model calls", exc)
     return SplitModel(None, None)
@@ -85,7 +96,7 @@ class ModelStep:
         self.batch: list[Any] | None = None
         self.prefills: dict[int, list[Any]] = {}
         self._ahead: _Ahead | None = None
-        self.supports_prefix = all(isinstance(c, KVCache) for c in make_prompt_cache(model))
+        self.supports_prefix = all(cache_state.cacheable(c) for c in make_prompt_cache(model))
 
     # -- cache bookkeeping -------------------------------------------------------------
     def admit(self, seq: Sequence) -> int:
@@ -94,12 +105,11 @@ class ModelStep:
         reused = 0
         if self.prefix_cache is not None and self.supports_prefix:
             hit = self.prefix_cache.lookup(seq.all_tokens)
-            if hit is not None:
+            if hit is not None and all(cache_state.restorable(c, state, hit.length)
+                                       for c, state in zip(caches, hit.entry.payload)):
                 reused = hit.length
-                for cache, (keys, values) in zip(caches, hit.entry.payload):
-                    cache.keys = keys[..., :reused, :]
-                    cache.values = values[..., :reused, :]
-                    cache.offset = reused
+                for cache, state in zip(caches, hit.entry.payload):
+                    cache_state.restore(cache, state, reused)
         self.prefills[seq.seq_id] = caches
         return reused
 
@@ -138,11 +148,9 @@ class ModelStep:
         length = seq.num_computed
         if length <= 0:
             return
-        payload = [(mx.contiguous(c.keys[..., :length, :]),
-                    mx.contiguous(c.values[..., :length, :]))
-                   for c in caches]
-        mx.eval(payload)
-        nbytes = sum(k.nbytes + v.nbytes for k, v in payload)
+        payload = [cache_state.take(c, length) for c in caches]
+        mx.eval([(state.keys, state.values) for state in payload])
+        nbytes = sum(state.nbytes for state in payload)
         self.prefix_cache.store(seq.all_tokens[:length], payload, nbytes)
 
     def _merge(self, seq: Sequence) -> None:
@@ -233,8 +241,8 @@ class ModelStep:
             return self.model(inputs, cache=cache)[:, -1, :]
         hidden = self.split.body(inputs, cache=cache)[:, -1, :]
         if self._host_head_for(hidden.shape[0]):
-            return self.host_head(hidden)
-        return self.device_head(hidden)
+            return self.split.logits(self.host_head(hidden))
+        return self.split.logits(self.device_head(hidden))
 
     def _drop_ahead(self) -> None:
         """Undo the position the step ahead appended to the batch cache."""

@@ -437,14 +437,20 @@ def _upload(client: ApiClient, progress: Any, path: Path, digest: str) -> None:
 @click.option("-q", "--quantize", metavar="LEVEL", help="Quantize model to this level (q4, q8)")
 @click.option("--from", "from_", metavar="DIR|FILE.gguf|MODEL",
               help="Build on a local model directory, a GGUF file or a model (instead of FROM)")
-@click.option("--random", "preset", metavar="PRESET",
-              help="Build a random-weight test model: tiny, small or medium")
+@click.option("--random", "preset", metavar="PRESET|ARCH",
+              help="Build a random-weight test model: a size (tiny, small, medium: qwen3) or "
+                   "an architecture (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, "
+                   "granite)")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random")
-def create(name, modelfile, quantize, from_, preset, seed) -> None:
-    """Create a model from a Modelfile, a directory or a random preset."""
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32",
+              show_default=True, help="Weight type for --random")
+def create(name, modelfile, quantize, from_, preset, seed, dtype) -> None:
+    """Create a model from a Modelfile, a directory, a GGUF file or a random preset."""
     from mlxr.supervisor.cli.progress import Progress
 
     body, files = create_request(name, modelfile, from_, preset, seed, quantize)
+    if preset is not None and dtype != "float32":
+        body["random"]["dtype"] = dtype
     with make_client() as client, Progress() as progress:
         progress.status("gathering model components")
         digests = {file_name: file_digest(path) for file_name, path in files.items()}

@@ -31,7 +31,7 @@ from .gguf.convert import GgufSummary, check_supported, is_gguf
 from .manifest import Layer, Manifest
 from .modelfile import normalize_parameters, parse_modelfile
 from .names import ModelName, parse_name
-from .random_model import PRESETS, write_random_model
+from .random_model import ARCH_NAMES, DTYPES, PRESETS, write_random_model
 from .sources import check_file_name, media_type_for, select_files
 from .store import ModelRecord, Store
 
@@ -41,8 +41,9 @@ _DTYPE_LABELS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
 @dataclass(slots=True)
 class RandomSpec:
-    preset: str = "tiny"
+    preset: str = "tiny"  # a size preset (tiny, small, medium) or an architecture (llama, ...)
     seed: int = 0
+    dtype: str = "float32"
 
 
 @dataclass(slots=True)
@@ -107,12 +108,17 @@ def _random_spec(value: Any) -> RandomSpec:
     if not isinstance(value, dict):
         raise InvalidRequest('random must be an object like {"preset": "tiny", "seed": 0}')
     preset, seed = value.get("preset", "tiny"), value.get("seed", 0)
+    dtype = value.get("dtype", "float32")
     if preset not in PRESETS:
-        raise InvalidRequest(f'unknown random preset "{preset}"; choose one of '
-                             + ", ".join(PRESETS))
+        raise InvalidRequest(f'unknown random preset "{preset}"; choose a size ('
+                             + ", ".join(p for p in PRESETS if p not in ARCH_NAMES)
+                             + ") or an architecture (" + ", ".join(ARCH_NAMES) + ")")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise InvalidRequest("random.seed must be a non-negative integer")
-    return RandomSpec(preset, seed)
+    if dtype not in DTYPES:
+        raise InvalidRequest(f'unknown random dtype "{dtype}"; choose one of '
+                             + ", ".join(DTYPES))
+    return RandomSpec(preset, seed, dtype)
 
 
 def _merge_modelfile(req: CreateRequest, text: str) -> None:
@@ -311,7 +317,8 @@ async def _source_files(plan: _Plan, work: Path) -> tuple[dict[str, Path] | None
     """Files still to be copied into blobs, and whether they are ours to move."""
     if plan.random:
         out = work / "random"
-        await asyncio.to_thread(write_random_model, out, plan.random.preset, plan.random.seed)
+        await asyncio.to_thread(write_random_model, out, plan.random.preset, plan.random.seed,
+                                dtype=plan.random.dtype)
         return select_files(out), True
     if plan.directory:
         return await asyncio.to_thread(select_files, plan.directory), plan.owned

@@ -1,16 +1,31 @@
-"""Random-weight qwen3 test models with the real Qwen3 tokenizer (float32, seeded).
+"""Random-weight test models: qwen3 with the real Qwen3 tokenizer (presets tiny, small, medium),
+and one small model of every architecture we serve with a 2,048-token tokenizer (the preset
+named after the architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, granite).
 
-The end-of-sequence rows of the output projection are zeroed, so an EOS logit is exactly 0 and
-greedy decoding runs to the length asked (a test that needs EOS biases it with logit_bias).
-Presets with an untied `lm_head` give greedy output that depends on the whole context, so
-token-exact comparisons catch cache and batching bugs (see ../shared/PLATFORM.md).
+Invariants:
+- The same arguments write the same bytes; the tiny/small/medium presets write exactly what
+  they always have (many tests and benchmarks depend on them).
+- The end-of-sequence rows of the output projection (of the embedding, where it is tied) are
+  zeroed, so an EOS logit is exactly 0 and greedy decoding runs to the length asked (a test
+  that needs EOS biases it with logit_bias).
+- Architecture presets have hidden size 256 and rows of 256 or 512, so GGUF's K-quants (blocks
+  of 256) apply to every matrix; each has its family's real hyper-parameters (rope theta and
+  scaling, Gemma's soft-caps and sliding windows of 64 tokens that tests can cross, Granite's
+  multipliers, Qwen2's q/k/v biases) and non-trivial norm weights, so a swapped tensor shows.
+- Greedy output depends on the whole context (the qwen3 presets with an untied `lm_head`;
+  every architecture preset, its layer weights scaled to their inputs), so token-exact
+  comparisons catch cache and batching bugs (see ../shared/PLATFORM.md).
+- `PRESETS` names every preset, so `mlxr create --random llama` needs nothing more;
+  `arch_of(name)` says which architecture a name builds.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -19,6 +34,11 @@ from mlxr.shared.assets import write_qwen3_tokenizer
 
 VOCAB_SIZE = 151680
 EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
+SMALL_VOCAB = 2048
+DTYPES = ("float32", "bfloat16")
+ARCH_NAMES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite")
+TOKENIZER_KIND = {"llama": "bpe", "qwen2": "bpe", "qwen3": "bpe", "granite": "bpe",
+                  "mistral": "spm", "gemma2": "spm", "gemma3": "spm", "phi3": "spm"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +51,15 @@ class Preset:
     intermediate: int
     tied: bool
     description: str
+    arch: str = "qwen3"
+    vocab: int = VOCAB_SIZE  # SMALL_VOCAB: the small tokenizer of TOKENIZER_KIND[arch]
+
+
+def _arch(arch: str, tied: bool, layers: int = 2, heads: int = 4, note: str = "") -> Preset:
+    head = "tied" if tied else "untied"
+    text = (f"{arch} random model, {layers} layers, hidden 256, {SMALL_VOCAB:,}-token "
+            f"{TOKENIZER_KIND[arch]} tokenizer, {head} head{note}")
+    return Preset(256, layers, heads, 2, 64, 512, tied, text, arch, SMALL_VOCAB)
 
 
 PRESETS: dict[str, Preset] = {
@@ -40,10 +69,30 @@ PRESETS: dict[str, Preset] = {
     "small": Preset(192, 4, 4, 2, 48, 768, True, "small random qwen3, ~31M parameters"),
     # ~147M parameters.
     "medium": Preset(512, 22, 8, 4, 64, 1408, True, "medium random qwen3, ~147M parameters"),
+    "llama": _arch("llama", True, note=", Llama 3 rope scaling"),
+    "mistral": _arch("mistral", False),
+    "qwen2": _arch("qwen2", True, note=", q/k/v biases"),
+    # 8 query heads of 64: q/o are 512 wide, wider than the hidden size, as in real Qwen3.
+    "qwen3": _arch("qwen3", False, heads=8),
+    "gemma2": _arch("gemma2", True, note=", sliding window 64"),
+    # Six layers: five sliding (window 64) and one global, llama.cpp's fixed Gemma 3 pattern.
+    "gemma3": _arch("gemma3", True, layers=6, note=", sliding window 64"),
+    "phi3": _arch("phi3", False, note=", LongRoPE"),
+    # Untied: with Granite's embedding multiplier (12) a tied head repeats the last token.
+    "granite": _arch("granite", False, note=", Granite multipliers"),
 }
 
 
+def arch_of(name: str) -> str:
+    """The architecture a preset name (`mlxr create --random NAME`) builds."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name].arch
+
+
+# -- config.json -------------------------------------------------------------------------
 def model_config(preset: Preset) -> dict:
+    """The historic qwen3 presets' config (151,680-token Qwen3 tokenizer)."""
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
@@ -66,7 +115,75 @@ def model_config(preset: Preset) -> dict:
     }
 
 
+def _long_factors(n: int) -> list[float]:
+    """LongRoPE factors shaped like Phi-3.5's: 1 for high frequencies rising to ~40."""
+    return [round(1.0 + 39.0 * (i / (n - 1)) ** 3, 4) for i in range(n)]
+
+
+# What each family's real configs set, beyond the shape (Llama 3.2, Mistral 7B v0.3, Qwen2.5,
+# Qwen3, Gemma 2 and 3, Phi-3.5-mini, Granite 3).
+ARCH_SETTINGS: dict[str, dict[str, Any]] = {
+    "llama": {"architectures": ["LlamaForCausalLM"], "rope_theta": 500000.0,
+              "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+              "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 8192},
+              "attention_bias": False, "mlp_bias": False},
+    "mistral": {"architectures": ["MistralForCausalLM"], "rope_theta": 1000000.0,
+                "rms_norm_eps": 1e-5, "max_position_embeddings": 32768, "sliding_window": None},
+    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "rope_theta": 1000000.0,
+              "rms_norm_eps": 1e-6, "max_position_embeddings": 32768},
+    "qwen3": {"architectures": ["Qwen3ForCausalLM"], "rope_theta": 1000000.0,
+              "rms_norm_eps": 1e-6, "max_position_embeddings": 40960},
+    "gemma2": {"architectures": ["Gemma2ForCausalLM"], "rope_theta": 10000.0,
+               "rms_norm_eps": 1e-6, "max_position_embeddings": 8192,
+               "hidden_act": "gelu_pytorch_tanh", "attn_logit_softcapping": 50.0,
+               "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 64,
+               "sliding_window": 64},
+    "gemma3": {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+               "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+               "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+               "rms_norm_eps": 1e-6, "max_position_embeddings": 131072,
+               "hidden_act": "gelu_pytorch_tanh", "query_pre_attn_scalar": 64,
+               "sliding_window": 64, "sliding_window_pattern": 6},
+    "phi3": {"architectures": ["Phi3ForCausalLM"], "rope_theta": 10000.0,
+             "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+             "original_max_position_embeddings": 4096, "sliding_window": None,
+             "rope_scaling": {"type": "longrope", "long_factor": _long_factors(32),
+                              "short_factor": [1.0 + i / 64 for i in range(32)]}},
+    "granite": {"architectures": ["GraniteForCausalLM"], "rope_theta": 10000.0,
+                "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
+                "attention_multiplier": 0.015625, "embedding_multiplier": 12.0,
+                "residual_multiplier": 0.22, "logits_scaling": 8.0,
+                "attention_bias": False, "mlp_bias": False},
+}
+
+
+def arch_config(preset: Preset, tokenizer, dtype: str) -> dict:
+    """config.json of an architecture preset, for its small tokenizer."""
+    return {
+        "model_type": preset.arch,
+        "hidden_size": preset.hidden,
+        "num_hidden_layers": preset.layers,
+        "num_attention_heads": preset.heads,
+        "num_key_value_heads": preset.kv_heads,
+        "head_dim": preset.head_dim,
+        "intermediate_size": preset.intermediate,
+        "hidden_act": "silu",
+        "vocab_size": preset.vocab,
+        "tie_word_embeddings": preset.tied,
+        **ARCH_SETTINGS[preset.arch],
+        "torch_dtype": dtype,
+        "bos_token_id": tokenizer.bos_id,
+        "eos_token_id": list(tokenizer.eos_ids),
+        "pad_token_id": tokenizer.pad_id,
+        "mlxr_random_preset": preset.description,
+    }
+
+
+# -- weights -----------------------------------------------------------------------------
 def make_weights(preset: Preset, seed: int) -> dict[str, np.ndarray]:
+    """The historic qwen3 presets' weights (the rng draws stay in this order)."""
     rng = np.random.default_rng(seed)
 
     def normal(*shape: int) -> np.ndarray:
@@ -95,22 +212,117 @@ def make_weights(preset: Preset, seed: int) -> dict[str, np.ndarray]:
     return w
 
 
-def write_random_model(dest: Path, preset: str = "tiny", seed: int = 0) -> Path:
+# Kinds of tensor: an embedding or output row (normal, std 0.02), a layer's matrix (std
+# 1/sqrt(inputs), so each layer adds as much as the embedding holds and the output depends on
+# the context, not only on the last token), a bias (std 0.1), or an RMSNorm weight around 1
+# (which Gemma applies as 1 + w: with its tied head, smaller post-norms leave the output
+# repeating one token).
+_EMBED, _MATRIX, _BIAS, _NORM = "embed", "matrix", "bias", "norm"
+
+
+def tensor_plan(p: Preset) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, kind) of every weight of an architecture preset, in creation order."""
+    plan = [("model.embed_tokens.weight", (p.vocab, p.hidden), _EMBED)]
+    for i in range(p.layers):
+        plan += [(f"model.layers.{i}.{name}", shape, kind) for name, shape, kind in _layer(p)]
+    plan.append(("model.norm.weight", (p.hidden,), _NORM))
+    if not p.tied:
+        plan.append(("lm_head.weight", (p.vocab, p.hidden), _EMBED))
+    return plan
+
+
+def _layer(p: Preset) -> list[tuple[str, tuple[int, ...], str]]:
+    h, hd, ff = p.hidden, p.head_dim, p.intermediate
+    qkv = (("q", p.heads * hd), ("k", p.kv_heads * hd), ("v", p.kv_heads * hd))
+    if p.arch == "phi3":  # fused q/k/v
+        out = [("self_attn.qkv_proj.weight", (sum(n for _, n in qkv), h), _MATRIX)]
+    else:
+        out = [(f"self_attn.{x}_proj.weight", (n, h), _MATRIX) for x, n in qkv]
+    if p.arch == "qwen2":
+        out += [(f"self_attn.{x}_proj.bias", (n,), _BIAS) for x, n in qkv]
+    out.append(("self_attn.o_proj.weight", (h, p.heads * hd), _MATRIX))
+    if p.arch in ("qwen3", "gemma3"):
+        out += [(f"self_attn.{x}_norm.weight", (hd,), _NORM) for x in ("q", "k")]
+    if p.arch == "phi3":  # fused gate/up
+        out.append(("mlp.gate_up_proj.weight", (2 * ff, h), _MATRIX))
+    else:
+        out += [(f"mlp.{x}_proj.weight", (ff, h), _MATRIX) for x in ("gate", "up")]
+    out.append(("mlp.down_proj.weight", (h, ff), _MATRIX))
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    if p.arch.startswith("gemma"):  # Gemma's norms around both sublayers
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    return out + [(f"{name}.weight", (h,), _NORM) for name in norms]
+
+
+_DRAW: dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]] = {
+    _EMBED: lambda rng, shape: rng.standard_normal(shape, dtype=np.float32) * 0.02,
+    _MATRIX: lambda rng, shape: rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[1]),
+    _BIAS: lambda rng, shape: rng.standard_normal(shape, dtype=np.float32) * 0.1,
+    _NORM: lambda rng, shape: 1.0 + rng.standard_normal(shape, dtype=np.float32) * 0.1,
+}
+
+
+def make_arch_weights(preset: Preset, seed: int, eos_ids: tuple[int, ...]) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng((seed, zlib.crc32(preset.arch.encode())))  # differ by arch
+    w = {name: _DRAW[kind](rng, shape).astype(np.float32)
+         for name, shape, kind in tensor_plan(preset)}
+    w["model.embed_tokens.weight" if preset.tied else "lm_head.weight"][list(eos_ids)] = 0.0
+    return w
+
+
+def _save(weights: dict[str, np.ndarray], path: Path, dtype: str) -> None:
+    if dtype == "float32":
+        save_file(weights, str(path), metadata={"format": "pt"})
+        return
+    import mlx.core as mx  # numpy has no bfloat16
+
+    mx.save_safetensors(str(path), {k: mx.array(v).astype(mx.bfloat16) for k, v in weights.items()},
+                        metadata={"format": "pt"})
+
+
+# -- entry points ------------------------------------------------------------------------
+def resolve(preset: str | None, arch: str | None) -> str:
+    """The preset name for `write_random_model`'s arguments: `arch` alone is its
+    architecture's preset; a preset of another architecture than `arch` is an error."""
+    name = preset if preset is not None else (arch or "tiny")
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    if arch is not None and PRESETS[name].arch != arch:
+        if arch not in ARCH_NAMES:
+            raise ValueError(f"unknown architecture {arch!r}; choose one of "
+                             + ", ".join(ARCH_NAMES))
+        raise ValueError(f"preset {name!r} is a {PRESETS[name].arch} model, not {arch}")
+    return name
+
+
+def write_random_model(dest: Path, preset: str | None = None, seed: int = 0,
+                       arch: str | None = None, dtype: str = "float32") -> Path:
     """Write a loadable Hugging Face-layout model directory; the same arguments give the same
-    bytes."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    p = PRESETS[preset]
+    bytes. `preset` defaults to "tiny" (qwen3), or to `arch`'s preset when `arch` is given."""
+    p = PRESETS[resolve(preset, arch)]
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "config.json").write_text(json.dumps(model_config(p), indent=2))
-    save_file(make_weights(p, seed), str(dest / "model.safetensors"), metadata={"format": "pt"})
-    write_qwen3_tokenizer(dest)
+    if p.vocab == VOCAB_SIZE:
+        config, weights = model_config(p), make_weights(p, seed)
+        config["torch_dtype"] = dtype
+        write_qwen3_tokenizer(dest)
+    else:
+        from mlxr.supervisor.store.small_tokenizer import write_small_tokenizer
+
+        tokenizer = write_small_tokenizer(dest, TOKENIZER_KIND[p.arch], p.vocab)
+        config = arch_config(p, tokenizer, dtype)
+        weights = make_arch_weights(p, seed, tokenizer.eos_ids)
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    _save(weights, dest / "model.safetensors", dtype)
     return dest
 
 
 def count_parameters(preset: str) -> int:
     p = PRESETS[preset]
+    if p.vocab != VOCAB_SIZE:
+        return sum(int(np.prod(shape)) for _, shape, _ in tensor_plan(p))
     per_layer = (p.hidden * p.head_dim * (2 * p.heads + 2 * p.kv_heads) + 3 * p.hidden * p.intermediate
                  + 2 * p.head_dim + 2 * p.hidden)
     head = 0 if p.tied else VOCAB_SIZE * p.hidden

@@ -26,12 +26,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mlxr.shared.errors import InvalidRequest
+from mlxr.shared.errors import InvalidRequest, UnsupportedModel
+
+from .header import GgufFile, TensorInfo, read_gguf
 
 # Bump when the output of a conversion changes: older derived directories are then redone.
 CONVERTER_VERSION = 1
 SHARD_BYTES = 2 << 30
 GROUP_SIZE = 32
+_FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
 
 
 @dataclass(slots=True)
@@ -58,25 +61,6 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-def _reader(path: Path):
-    from gguf import GGUFReader
-
-    try:
-        return GGUFReader(str(path), "r")
-    except (ValueError, OSError, IndexError, KeyError) as exc:
-        raise InvalidRequest(f"{path.name} is not a readable GGUF file: {exc}") from None
-
-
-def read_kv(reader) -> dict[str, Any]:
-    """Every metadata value as plain Python (strings, numbers, lists)."""
-    kv: dict[str, Any] = {}
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        kv[name] = field.contents()
-    return kv
-
-
 def _file_type_name(kv: dict[str, Any], types: dict[str, int]) -> str:
     from gguf import GGMLQuantizationType, LlamaFileType
 
@@ -92,29 +76,29 @@ def _file_type_name(kv: dict[str, Any], types: dict[str, int]) -> str:
     return GGMLQuantizationType(counts.most_common(1)[0][0]).name
 
 
-def check_supported(path: Path) -> GgufSummary:
+def check_supported(path: Path, gguf: GgufFile | None = None) -> GgufSummary:
     """Read a GGUF header and check that this converter can take it: the architecture, every
-    tensor name and every tensor type. Raises InvalidRequest subclasses naming what is not."""
-    from . import arch, quants
+    tensor name and type, the tokenizer kind. Raises UnsupportedModel errors naming what is
+    not supported (long metadata arrays are skipped unless `gguf` is given)."""
+    from . import arch, quants, tokenizer
 
-    reader = _reader(path)
-    kv = read_kv(reader)
+    gguf = gguf or read_gguf(path, skip_arrays=True)
+    kv = gguf.kv
     name = kv.get("general.architecture")
     if not isinstance(name, str):
         raise InvalidRequest(f"{path.name} has no general.architecture")
     if name not in arch.ARCHITECTURES:
-        raise arch.UnsupportedArchitecture(
+        raise UnsupportedModel(
             f'unsupported model architecture "{name}"; mlxr runs GGUF models of these '
             "architectures: " + ", ".join(arch.ARCHITECTURES))
     types: dict[str, int] = {}
-    count = 0
-    for t in reader.tensors:
+    for t in gguf.tensors:
         arch.hf_tensor_name(name, t.name)  # raises for a tensor it cannot place
-        quants.requantized_bits(int(t.tensor_type))  # raises for an unsupported type
-        types[t.name] = int(t.tensor_type)
-        count += int(t.n_elements)
-    from . import tokenizer
+        if t.ggml_type not in _FLOAT_TYPES:
+            quants.requantized_bits(t.ggml_type)  # raises for an unsupported type
+        types[t.name] = t.ggml_type
     tokenizer.check_tokenizer(kv)
+    count = sum(t.n_elements for t in gguf.tensors)
     return GgufSummary(name, kv, count, types, _file_type_name(kv, types))
 
 
@@ -128,40 +112,44 @@ def target_float_dtype(source_types: set[str]) -> str:
 
 
 def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = None,
-            float_dtype: str | None = None) -> dict[str, Any]:
-    """Convert `src` into the (new, empty) directory `dst`; returns the config written."""
+            float_dtype: str | None = None, dequantize: bool = False) -> dict[str, Any]:
+    """Convert `src` into the (new, empty) directory `dst`; returns the config written.
+    `dequantize`: every tensor as floats (gguf's reference values), for comparisons."""
     import mlx.core as mx
     from gguf import GGMLQuantizationType
 
     from . import arch, quants, tokenizer
 
-    summary = check_supported(src)
-    reader = _reader(src)
+    gguf = read_gguf(src)
+    summary = check_supported(src, gguf)
     kv, name = summary.kv, summary.architecture
-    tensors = {t.name: t for t in reader.tensors}
-    floats = {GGMLQuantizationType(t.tensor_type).name for t in reader.tensors}
+    tensors = {t.name: t for t in gguf.tensors}
+    floats = {GGMLQuantizationType(t.ggml_type).name for t in gguf.tensors}
     dtype = getattr(mx, float_dtype or target_float_dtype(floats))
     rope_freqs = tensors.get("rope_freqs.weight")
     config = arch.hf_config(
         kv, vocab_size=_vocab_size(kv, tensors), tied="output.weight" not in tensors,
         has_rope_freqs=rope_freqs is not None,
-        rope_freqs=None if rope_freqs is None else np.asarray(rope_freqs.data, np.float32))
+        rope_freqs=None if rope_freqs is None else np.asarray(gguf.data(rope_freqs), np.float32),
+        rope_tensors={n: np.asarray(gguf.data(tensors[n]), np.float32)
+                      for n in arch.ROPE_TENSORS if n in tensors},
+        tensor_names=list(tensors))
     config.update({k: v for k, v in tokenizer.special_token_ids(kv).items() if v is not None})
     config["torch_dtype"] = str(dtype).removeprefix("mlx.core.")
     dst.mkdir(parents=True, exist_ok=True)
-    total = sum(int(t.n_bytes) for t in reader.tensors)
+    total = sum(t.n_bytes for t in gguf.tensors)
     done = 0
     bits_of: dict[str, int] = {}
     shard: dict[str, mx.array] = {}
     shard_bytes, shard_index = 0, 0
-    for t in reader.tensors:
+    for t in gguf.tensors:
         hf = arch.hf_tensor_name(name, t.name)
-        done += int(t.n_bytes)
+        done += t.n_bytes
         if hf is None:
             continue
-        shape = tuple(int(x) for x in reversed(t.shape))
-        out = quants.to_mlx(int(t.tensor_type), t.data, shape, t.name,
-                            quantize=hf.endswith(".weight") and len(shape) == 2)
+        shape = t.shape
+        out = quants.to_mlx(t.ggml_type, gguf.data(t), shape, t.name,
+                            quantize=not dequantize and hf.endswith(".weight") and len(shape) == 2)
         order = arch.row_order(name, hf, config)
         arrays = _arrays(out, hf, order, arch.value_offset(name, hf), dtype)
         if out.bits is not None:
@@ -190,10 +178,10 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
     return config
 
 
-def _vocab_size(kv: dict[str, Any], tensors: dict[str, Any]) -> int:
+def _vocab_size(kv: dict[str, Any], tensors: dict[str, TensorInfo]) -> int:
     embed = tensors.get("token_embd.weight")
     if embed is not None:
-        return int(embed.shape[-1])  # GGUF order: (hidden, vocab)
+        return embed.shape[0]  # (vocab, hidden)
     tokens = kv.get("tokenizer.ggml.tokens")
     return len(tokens) if isinstance(tokens, list) else 0
 

@@ -98,7 +98,7 @@ def write_gguf(model_dir: Path, dest: Path, file_type: str = "F16") -> Path:
         raise ValueError("write GGUF files from float models only")
     arch, kv = arches.gguf_metadata(config)
     kv = {**kv, **gguf_tokenizer_fields(model_dir)}
-    ftype = "MOSTLY_" + file_type if file_type != "F32" else "ALL_F32"
+    ftype = {"F32": "ALL_F32", "Q4_K": "MOSTLY_Q4_K_S"}.get(file_type, "MOSTLY_" + file_type)
     kv["general.file_type"] = int(LlamaFileType[ftype])
     kv.setdefault("general.name", str(config.get("mlxr_random_preset") or model_dir.name))
     writer = GGUFWriter(str(dest), arch)
@@ -117,8 +117,7 @@ def write_gguf(model_dir: Path, dest: Path, file_type: str = "F16") -> Path:
             x = x - np.float32(offset)  # the inverse of the reader's offset
         data, raw = _encode(np.ascontiguousarray(x), _tensor_type(file_type, name, x.shape))
         writer.add_tensor(name, data, raw_dtype=raw)
-    extra = arches.extra_tensors(config) if hasattr(arches, "extra_tensors") else {}
-    for name, x in extra.items():
+    for name, x in arches.gguf_extra_tensors(config).items():
         writer.add_tensor(name, np.asarray(x, np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -1,0 +1,563 @@
+"""Per-architecture knowledge: GGUF metadata and tensor names <-> a Hugging Face config.json and
+weight names that mlx_lm loads, with the tensor transforms llama.cpp's converter applies.
+
+Supported (GGUF `general.architecture` -> mlx_lm `model_type`): llama -> llama (Llama 2 and 3,
+and Mistral 7B / Nemo, whose GGUFs say "llama"), qwen2, qwen3, gemma2, gemma3 -> gemma3_text
+(text only: a multimodal file's vision tower is left out), phi3, granite.
+
+Invariants:
+- `hf_tensor_name` and `gguf_tensor_name` are inverses on every tensor mlx_lm loads; a GGUF
+  tensor that only carries metadata (`rope_freqs`, `rope_factors_*`) maps to None and is read by
+  `hf_config` instead, as do a multimodal gemma3 file's vision tensors (`v.*`, `mm.*`); any
+  other unknown name is an error naming it, never silently dropped.
+- `row_order` undoes exactly the row permutation `gguf_row_order` applies (llama.cpp's q/k
+  interleaving for llama-rope architectures), so composing them is the identity. It is a row
+  permutation only: the caller applies it alike to float weights and to quantized weights,
+  scales and biases, since GGUF quant blocks and MLX groups both run along rows.
+- `value_offset` is what to add to a GGUF tensor to get the mlx_lm value (Gemma stores RMSNorm
+  weights as 1 + w); writing a GGUF subtracts it.
+- `hf_config(gguf_metadata(config))` reproduces every field mlx_lm reads for these models.
+- Everything here is numpy and plain Python: no mlx, no file access.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from mlxr.shared.errors import InvalidRequest, UnsupportedModel
+
+
+class UnsupportedArchitecture(UnsupportedModel):
+    """A GGUF model this server cannot run: its architecture, a tensor, or a setting."""
+
+
+# -- tensor names ------------------------------------------------------------------------
+_ATTENTION = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+}
+_MLP = {"ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+# llama.cpp's `ffn_norm` is the norm before the MLP: Llama's post_attention_layernorm, but
+# Gemma's pre_feedforward_layernorm (Gemma's post_attention_layernorm is a post-norm).
+_PRE_NORM_BLOCK = {**_ATTENTION, **_MLP, "ffn_norm": "post_attention_layernorm"}
+_GEMMA_BLOCK = {**_ATTENTION, **_MLP, "post_attention_norm": "post_attention_layernorm",
+                "ffn_norm": "pre_feedforward_layernorm",
+                "post_ffw_norm": "post_feedforward_layernorm"}
+# Phi-3 keeps q/k/v fused, and gate/up fused under llama.cpp's `ffn_up` name.
+_PHI3_BLOCK = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj",
+               "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+               "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
+_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# Tensors that carry rope settings, read by hf_config (pass them as `rope_tensors`).
+ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+
+
+@dataclass(frozen=True, slots=True)
+class ArchSpec:
+    gguf: str  # general.architecture
+    model_type: str  # config.json model_type (mlx_lm's module)
+    hf_class: str
+    block: dict[str, str]  # GGUF block tensor stem -> HF name inside model.layers.{i}
+    permute_qk: bool = False  # llama.cpp interleaves q/k rotary halves (llama-style rope)
+    norm_offset: float = 0.0  # GGUF norm weight = HF weight - norm_offset
+    head_dim_derived: bool = False  # mlx_lm computes hidden // heads and reads no head_dim
+    skip_prefixes: tuple[str, ...] = ()  # tensors of other modalities, left out
+    aliases: tuple[str, ...] = ()  # other model_types written as this architecture
+    block_inverse: dict[str, str] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "block_inverse", {v: k for k, v in self.block.items()})
+
+
+SPECS: dict[str, ArchSpec] = {s.gguf: s for s in (
+    ArchSpec("llama", "llama", "LlamaForCausalLM", _PRE_NORM_BLOCK, permute_qk=True,
+             aliases=("mistral",)),
+    ArchSpec("qwen2", "qwen2", "Qwen2ForCausalLM", _PRE_NORM_BLOCK, head_dim_derived=True),
+    ArchSpec("qwen3", "qwen3", "Qwen3ForCausalLM", {**_PRE_NORM_BLOCK, **_QK_NORM}),
+    ArchSpec("gemma2", "gemma2", "Gemma2ForCausalLM", _GEMMA_BLOCK, norm_offset=-1.0),
+    ArchSpec("gemma3", "gemma3_text", "Gemma3ForCausalLM", {**_GEMMA_BLOCK, **_QK_NORM},
+             norm_offset=-1.0, skip_prefixes=("v.", "mm.")),
+    ArchSpec("phi3", "phi3", "Phi3ForCausalLM", _PHI3_BLOCK, head_dim_derived=True),
+    ArchSpec("granite", "granite", "GraniteForCausalLM", _PRE_NORM_BLOCK, permute_qk=True,
+             head_dim_derived=True),
+)}
+ARCHITECTURES: tuple[str, ...] = tuple(SPECS)
+_BY_MODEL_TYPE = {t: s for s in SPECS.values() for t in (s.model_type, *s.aliases)}
+
+_GGUF_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_GGUF_GLOBAL = re.compile(r"(\w+)\.(weight|bias)")
+_HF_BLOCK = re.compile(r"model\.layers\.(\d+)\.([\w.]+)\.(weight|bias)")
+_HF_GLOBAL = re.compile(r"(model\.embed_tokens|model\.norm|lm_head)\.(weight|bias)")
+_HF_QK = re.compile(r"model\.layers\.\d+\.self_attn\.([qk])_proj\.(weight|bias|scales|biases)")
+
+
+def spec(arch: str) -> ArchSpec:
+    try:
+        return SPECS[arch]
+    except KeyError:
+        raise UnsupportedArchitecture(
+            f'GGUF architecture "{arch}" is not supported; supported: '
+            + ", ".join(ARCHITECTURES)) from None
+
+
+def spec_for_model_type(model_type: str) -> ArchSpec:
+    try:
+        return _BY_MODEL_TYPE[model_type]
+    except KeyError:
+        raise UnsupportedArchitecture(
+            f'model type "{model_type}" has no GGUF architecture here; supported: '
+            + ", ".join(sorted(_BY_MODEL_TYPE))) from None
+
+
+def hf_tensor_name(arch: str, gguf_name: str) -> str | None:
+    """The mlx_lm weight name of a GGUF tensor; None for tensors read as metadata or of
+    another modality."""
+    s = spec(arch)
+    if gguf_name in ROPE_TENSORS or gguf_name.startswith(s.skip_prefixes):
+        return None
+    if m := _GGUF_BLOCK.fullmatch(gguf_name):
+        layer, stem, kind = m.groups()
+        if stem == "attn_rot_embd":  # old files: a precomputed rope table, never used
+            return None
+        if stem in s.block:
+            return f"model.layers.{layer}.{s.block[stem]}.{kind}"
+    elif (m := _GGUF_GLOBAL.fullmatch(gguf_name)) and m.group(1) in _GLOBAL:
+        return f"{_GLOBAL[m.group(1)]}.{m.group(2)}"
+    raise UnsupportedArchitecture(f'tensor "{gguf_name}" of a {arch} GGUF is not supported')
+
+
+def gguf_tensor_name(arch: str, hf_name: str) -> str:
+    """The GGUF name llama.cpp's converter gives an mlx_lm weight."""
+    s = spec(arch)
+    if m := _HF_BLOCK.fullmatch(hf_name):
+        layer, stem, kind = m.groups()
+        if stem in s.block_inverse:
+            return f"blk.{layer}.{s.block_inverse[stem]}.{kind}"
+    elif m := _HF_GLOBAL.fullmatch(hf_name):
+        stem = next(k for k, v in _GLOBAL.items() if v == m.group(1))
+        return f"{stem}.{m.group(2)}"
+    raise UnsupportedArchitecture(f'weight "{hf_name}" has no GGUF name for {arch}')
+
+
+# -- tensor values -----------------------------------------------------------------------
+def _qk_heads(hf_name: str, config: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(heads, head_dim) of a q/k projection (weight, bias or quantized parts), else None."""
+    m = _HF_QK.fullmatch(hf_name)
+    if m is None:
+        return None
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    return (heads if m.group(1) == "q" else kv_heads), head_dim
+
+
+def interleave_order(heads: int, head_dim: int) -> np.ndarray:
+    """Rows of llama.cpp's layout taken from the HF layout: within each head, HF keeps the
+    two rotary halves apart ([x0..x(d/2-1), y0..]); llama.cpp interleaves them ([x0, y0, x1,
+    y1, ...]). Row h*d + 2i + j of the GGUF tensor is HF row h*d + j*d/2 + i."""
+    half = head_dim // 2
+    i, j = np.divmod(np.arange(head_dim), 2)
+    within = j * half + i
+    return (np.arange(heads)[:, None] * head_dim + within[None, :]).reshape(-1)
+
+
+def gguf_row_order(arch: str, hf_name: str, config: Mapping[str, Any]) -> np.ndarray | None:
+    """Indices with gguf_rows = hf_rows[order] (llama.cpp's q/k permutation); None when the
+    tensor is stored as is."""
+    shape = _qk_heads(hf_name, config) if spec(arch).permute_qk else None
+    return None if shape is None else interleave_order(*shape)
+
+
+def row_order(arch: str, hf_name: str, config: Mapping[str, Any]) -> np.ndarray | None:
+    """Indices with hf_rows = gguf_rows[order], undoing `gguf_row_order`; None: as is."""
+    order = gguf_row_order(arch, hf_name, config)
+    return None if order is None else np.argsort(order)
+
+
+def value_offset(arch: str, hf_name: str) -> float:
+    """What to add to the GGUF tensor to get mlx_lm's: -1.0 for Gemma's RMSNorm weights
+    (every `*norm.weight`, the q/k norms included), else 0.0."""
+    s = spec(arch)
+    return s.norm_offset if hf_name.endswith("norm.weight") else 0.0
+
+
+# -- config ------------------------------------------------------------------------------
+LLAMA3_ORIGINAL_CONTEXTS = (8192, 4096, 2048, 16384, 32768, 65536, 131072, 1024)
+LLAMA3_FACTORS = (8.0, 32.0, 16.0, 4.0, 2.0, 64.0)
+LLAMA3_LOW_HIGH = ((1.0, 4.0), (1.0, 2.0), (1.0, 8.0), (0.5, 4.0), (2.0, 8.0), (0.5, 2.0))
+
+
+def llama3_rope_factors(rope_theta: float, dims: int, factor: float, low_freq_factor: float,
+                        high_freq_factor: float, original_context: int) -> np.ndarray:
+    """Llama 3's per-frequency divisors, as llama.cpp stores them in `rope_freqs.weight`:
+    1 for wavelengths under original/high, `factor` over original/low, and a smooth
+    interpolation of the frequency in between."""
+    wavelen = 2 * math.pi * rope_theta ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
+    smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    between = 1.0 / ((1 - smooth) / factor + smooth)
+    out = np.where(wavelen < original_context / high_freq_factor, 1.0,
+                   np.where(wavelen > original_context / low_freq_factor, factor, between))
+    return out.astype(np.float32)
+
+
+def llama3_rope_scaling(freqs: np.ndarray, rope_theta: float, dims: int) -> dict[str, Any] | None:
+    """Llama 3's rope_scaling from its `rope_freqs` tensor: the first candidate setting whose
+    factors match (None when every factor is 1). Settings that give equal factors are equal
+    for the model, so the first match is as good as the original."""
+    freqs = np.asarray(freqs, dtype=np.float32).reshape(-1)
+    if freqs.size != dims // 2:
+        raise UnsupportedArchitecture(
+            f"rope_freqs has {freqs.size} factors; {dims // 2} expected for rope dimension {dims}")
+    if np.allclose(freqs, 1.0):
+        return None
+    top = float(freqs.max())
+    factors = dict.fromkeys((round(top, 4), *LLAMA3_FACTORS))
+    for original in LLAMA3_ORIGINAL_CONTEXTS:
+        for factor in factors:
+            for low, high in LLAMA3_LOW_HIGH:
+                ref = llama3_rope_factors(rope_theta, dims, factor, low, high, original)
+                if np.allclose(ref, freqs, rtol=1e-4, atol=1e-5):
+                    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                            "high_freq_factor": high,
+                            "original_max_position_embeddings": original}
+    raise UnsupportedArchitecture(
+        "rope_freqs.weight does not match Llama 3's rope scaling for any known setting")
+
+
+class _Kv:
+    """`{arch}.`-prefixed lookups into GGUF metadata."""
+
+    def __init__(self, kv: Mapping[str, Any], arch: str):
+        self.kv, self.arch = kv, arch
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.kv.get(f"{self.arch}.{key}")
+        return default if value is None else value
+
+    def scalar(self, key: str, default: Any = None) -> Any:
+        """A value some files write per layer: it must then be the same for every layer."""
+        value = self.get(key, default)
+        if isinstance(value, (list, tuple)):
+            if not value or any(v != value[0] for v in value):
+                raise UnsupportedArchitecture(
+                    f"{self.arch}.{key} varies across layers ({value[:8]}...), which is not "
+                    "supported")
+            value = value[0]
+        if value is None:
+            raise UnsupportedArchitecture(f"the GGUF file has no {self.arch}.{key}")
+        return value
+
+
+def hf_config(kv: Mapping[str, Any], *, vocab_size: int, tied: bool,
+              has_rope_freqs: bool = False, rope_freqs: np.ndarray | None = None,
+              rope_tensors: Mapping[str, np.ndarray] | None = None,
+              tensor_names: Iterable[str] | None = None) -> dict[str, Any]:
+    """config.json for mlx_lm from GGUF metadata (plain values keyed by GGUF key). `tied`: the
+    file has no `output.weight`. `rope_tensors`: the file's ROPE_TENSORS (or `rope_freqs`
+    alone); `tensor_names`: every tensor name, to see optional biases."""
+    arch = kv.get("general.architecture")
+    s = spec(str(arch))
+    rope = dict(rope_tensors or {})
+    if rope_freqs is not None:
+        rope["rope_freqs.weight"] = rope_freqs
+    elif has_rope_freqs and "rope_freqs.weight" not in rope:
+        raise ValueError("has_rope_freqs: pass the rope_freqs tensor's values")
+    p = _Kv(kv, s.gguf)
+    heads = int(p.scalar("attention.head_count"))
+    hidden = int(p.scalar("embedding_length"))
+    head_dim = int(p.get("attention.key_length") or p.get("attention.head_dim") or hidden // heads)
+    if int(p.get("attention.value_length", head_dim)) != head_dim:
+        raise UnsupportedArchitecture(f"{arch} with different key and value head sizes")
+    if s.head_dim_derived and head_dim * heads != hidden:
+        raise UnsupportedArchitecture(
+            f"{arch} with head size {head_dim} (mlx_lm assumes hidden / heads = {hidden // heads})")
+    config: dict[str, Any] = {
+        "architectures": [s.hf_class],
+        "model_type": s.model_type,
+        "hidden_size": hidden,
+        "num_hidden_layers": int(p.scalar("block_count")),
+        "intermediate_size": int(p.scalar("feed_forward_length")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(p.scalar("attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(p.scalar("attention.layer_norm_rms_epsilon",
+                                       _DEFAULT_EPS.get(s.gguf, 1e-5))),
+        "rope_theta": float(p.get("rope.freq_base", p.get(
+            "rope.global.freq_base", _DEFAULT_ROPE_THETA.get(s.gguf, 10000.0)))),
+        "max_position_embeddings": int(p.scalar("context_length", 4096)),
+        "vocab_size": int(vocab_size),
+        "tie_word_embeddings": bool(tied),
+        "hidden_act": "gelu_pytorch_tanh" if s.gguf.startswith("gemma") else "silu",
+    }
+    names = set(tensor_names or ())
+    _EXTRA[s.gguf](config, p, rope, names)
+    return config
+
+
+# Where a file leaves a setting out (Ollama's multimodal gemma3 files write neither), the
+# value its runtimes assume.
+_DEFAULT_ROPE_THETA = {"gemma3": 1_000_000.0}
+_DEFAULT_EPS = {"gemma2": 1e-6, "gemma3": 1e-6}
+
+
+def _rope_scaling(p: _Kv) -> dict[str, Any] | None:
+    """rope_scaling from `rope.scaling.*` keys (linear and YaRN), or Ollama's
+    `rope.freq_scale` (the inverse of a linear factor)."""
+    kind = p.get("rope.scaling.type", "none")
+    if kind == "none":
+        scale = float(p.get("rope.freq_scale", 1.0))
+        return None if scale == 1.0 else {"rope_type": "linear", "factor": 1.0 / scale}
+    factor = float(p.get("rope.scaling.factor", 1.0))
+    if kind == "linear":
+        return None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
+    if kind == "yarn":
+        original = p.get("rope.scaling.original_context_length", p.get("context_length"))
+        out = {"rope_type": "yarn", "factor": factor,
+               "original_max_position_embeddings": int(original)}
+        for key in ("beta_fast", "beta_slow"):  # llama.cpp's names, then Ollama's
+            value = p.get(f"rope.scaling.yarn_{key}", p.get(f"rope.scaling.{key}"))
+            if value is not None:
+                out[key] = float(value)
+        return out
+    raise UnsupportedArchitecture(f'{p.arch} rope scaling "{kind}" is not supported')
+
+
+def _rope(config: dict, p: _Kv, rope: Mapping[str, np.ndarray]) -> None:
+    """Llama 3 scaling from `rope_freqs` where the file has it, else the rope.scaling keys.
+    (Ollama's llama converter writes hidden / heads as the rope dimension even where the head
+    size differs: the head size is what rotates.)"""
+    dims = int(p.get("rope.dimension_count", config["head_dim"]))
+    if dims < config["head_dim"]:
+        raise UnsupportedArchitecture(
+            f"{p.arch} with rope on {dims} of {config['head_dim']} dimensions is not supported")
+    if "rope_freqs.weight" in rope:
+        scaling = llama3_rope_scaling(rope["rope_freqs.weight"], config["rope_theta"],
+                                      config["head_dim"])
+    else:
+        scaling = _rope_scaling(p)
+    if scaling is not None:
+        config["rope_scaling"] = scaling
+
+
+def _llama(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str]) -> None:
+    _rope(config, p, rope)
+    config["attention_bias"] = any(n.endswith("attn_q.bias") for n in names)
+    config["mlp_bias"] = any(n.endswith("ffn_up.bias") for n in names)
+
+
+def _qwen(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str]) -> None:
+    _rope(config, p, rope)  # qwen2's q/k/v biases are fixed by the model, not the config
+
+
+def _granite(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str]) -> None:
+    _llama(config, p, rope, names)
+    config["attention_multiplier"] = float(p.get("attention.scale", config["head_dim"] ** -0.5))
+    config["embedding_multiplier"] = float(p.get("embedding_scale", 1.0))
+    config["residual_multiplier"] = float(p.get("residual_scale", 1.0))
+    config["logits_scaling"] = float(p.get("logit_scale", 1.0))
+
+
+def _gemma_scalar(config: Mapping[str, Any], layers_27b: int) -> int:
+    """query_pre_attn_scalar, which GGUF does not store: llama.cpp (and Google's reference)
+    use hidden / heads for the 27B models (known by their layer count), else the head size.
+    An int, as transformers' config (which loads the tokenizer) requires."""
+    if config["num_hidden_layers"] == layers_27b:
+        return int(config["hidden_size"]) // int(config["num_attention_heads"])
+    return int(config["head_dim"])
+
+
+def _gemma2(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str]) -> None:
+    config["attn_logit_softcapping"] = float(p.get("attn_logit_softcapping", 50.0))
+    config["final_logit_softcapping"] = float(p.get("final_logit_softcapping", 30.0))
+    config["query_pre_attn_scalar"] = _gemma_scalar(config, 46)
+    config["sliding_window"] = int(p.get("attention.sliding_window", 4096))
+
+
+GEMMA3_PATTERN = 6  # llama.cpp hard-codes it for gemma3; Ollama may write it per layer
+
+
+def _gemma3_pattern(p: _Kv, layers: int) -> int:
+    value = p.get("attention.sliding_window_pattern", GEMMA3_PATTERN)
+    if not isinstance(value, (list, tuple)):
+        return int(value)
+    # Ollama writes one bool per layer (true: sliding): every pattern-th layer is global.
+    pattern = next((i + 1 for i, local in enumerate(value) if not local), len(value) + 1)
+    if [(i + 1) % pattern != 0 for i in range(layers)] != [bool(v) for v in value]:
+        raise UnsupportedArchitecture(f"gemma3 sliding window layers {value} are not periodic")
+    return pattern
+
+
+def _gemma3(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str]) -> None:
+    if p.get("final_logit_softcapping"):
+        raise UnsupportedArchitecture("gemma3 with final logit soft-capping is not supported")
+    config["query_pre_attn_scalar"] = _gemma_scalar(config, 62)
+    config["sliding_window"] = int(p.get("attention.sliding_window", 512))
+    config["sliding_window_pattern"] = _gemma3_pattern(p, config["num_hidden_layers"])
+    config["rope_local_base_freq"] = float(
+        p.get("rope.freq_base_swa", p.get("rope.local.freq_base", 10000.0)))
+    scaling = _rope_scaling(p)
+    if scaling is not None:
+        config["rope_scaling"] = scaling
+
+
+def _phi3(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str]) -> None:
+    dims = int(p.get("rope.dimension_count", config["head_dim"]))
+    if dims != config["head_dim"]:
+        config["partial_rotary_factor"] = dims / config["head_dim"]
+    original = int(p.get("rope.scaling.original_context_length", config["max_position_embeddings"]))
+    config["original_max_position_embeddings"] = original
+    window = int(p.get("attention.sliding_window", 0))
+    config["sliding_window"] = window or None
+    long, short = rope.get("rope_factors_long.weight"), rope.get("rope_factors_short.weight")
+    if long is not None:
+        short = long if short is None else short
+        config["rope_scaling"] = {"type": "longrope", "rope_type": "longrope",
+                                  "long_factor": [float(x) for x in np.ravel(long)],
+                                  "short_factor": [float(x) for x in np.ravel(short)]}
+    elif (scaling := _rope_scaling(p)) is not None:
+        if scaling["rope_type"] != "linear":
+            raise UnsupportedArchitecture(
+                f"phi3 rope scaling {scaling['rope_type']} is not supported")
+        config["rope_scaling"] = {"type": "linear", "factor": scaling["factor"]}
+
+
+_EXTRA = {"llama": _llama, "qwen2": _qwen, "qwen3": _qwen, "gemma2": _gemma2,
+          "gemma3": _gemma3, "phi3": _phi3, "granite": _granite}
+
+
+# -- the inverse: config.json -> GGUF metadata, for writing GGUF files --------------------
+def gguf_metadata(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(architecture, metadata) as llama.cpp's converter writes them for this config: ints are
+    GGUF uint32, floats float32, strings strings (tokenizer keys are not included). Tensors
+    that carry settings come from `gguf_extra_tensors`."""
+    s = spec_for_model_type(str(config.get("model_type")))
+    a = s.gguf
+    heads = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    kv: dict[str, Any] = {
+        "general.architecture": a,
+        f"{a}.context_length": int(config.get("max_position_embeddings") or 4096),
+        f"{a}.embedding_length": hidden,
+        f"{a}.block_count": int(config["num_hidden_layers"]),
+        f"{a}.feed_forward_length": int(config["intermediate_size"]),
+        f"{a}.attention.head_count": heads,
+        f"{a}.attention.head_count_kv": int(config.get("num_key_value_heads") or heads),
+        f"{a}.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
+        f"{a}.rope.freq_base": float(config.get("rope_theta", _DEFAULT_ROPE_THETA.get(a, 10000.0))),
+    }
+    if not s.head_dim_derived:
+        kv[f"{a}.attention.key_length"] = kv[f"{a}.attention.value_length"] = head_dim
+    _WRITE_EXTRA[a](kv, a, config, head_dim)
+    return a, kv
+
+
+def gguf_extra_tensors(config: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The float32 tensors llama.cpp's converter adds for rope settings: `rope_freqs` for
+    Llama 3 scaling, `rope_factors_long/short` for Phi-3's LongRoPE."""
+    scaling = config.get("rope_scaling") or {}
+    kind = scaling.get("rope_type") or scaling.get("type")
+    if kind == "llama3":
+        heads = int(config["num_attention_heads"])
+        dims = int(config.get("head_dim") or config["hidden_size"] // heads)
+        return {"rope_freqs.weight": llama3_rope_factors(
+            float(config.get("rope_theta", 10000.0)), dims, float(scaling.get("factor", 8.0)),
+            float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0)),
+            int(scaling.get("original_max_position_embeddings", 8192)))}
+    if kind in ("longrope", "su"):
+        return {"rope_factors_long.weight": np.asarray(scaling["long_factor"], np.float32),
+                "rope_factors_short.weight": np.asarray(scaling["short_factor"], np.float32)}
+    return {}
+
+
+def _write_rope_scaling(kv: dict, a: str, config: Mapping[str, Any]) -> None:
+    scaling = config.get("rope_scaling") or {}
+    kind = scaling.get("rope_type") or scaling.get("type")
+    if kind in (None, "default", "llama3", "longrope", "su"):
+        return  # nothing, or tensors (gguf_extra_tensors)
+    if kind not in ("linear", "yarn"):
+        raise UnsupportedArchitecture(f'rope scaling "{kind}" has no GGUF form here')
+    kv[f"{a}.rope.scaling.type"] = kind
+    kv[f"{a}.rope.scaling.factor"] = float(scaling["factor"])
+    if kind == "yarn":
+        kv[f"{a}.rope.scaling.original_context_length"] = int(
+            scaling["original_max_position_embeddings"])
+        for key in ("beta_fast", "beta_slow"):
+            if key in scaling:
+                kv[f"{a}.rope.scaling.yarn_{key}"] = float(scaling[key])
+
+
+def _write_llama(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) -> None:
+    kv[f"{a}.vocab_size"] = int(config["vocab_size"])
+    kv[f"{a}.rope.dimension_count"] = head_dim
+    _write_rope_scaling(kv, a, config)
+
+
+def _write_plain(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) -> None:
+    _write_rope_scaling(kv, a, config)
+
+
+def _write_granite(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) -> None:
+    _write_llama(kv, a, config, head_dim)
+    kv[f"{a}.attention.scale"] = float(config["attention_multiplier"])
+    kv[f"{a}.embedding_scale"] = float(config["embedding_multiplier"])
+    kv[f"{a}.residual_scale"] = float(config["residual_multiplier"])
+    kv[f"{a}.logit_scale"] = float(config["logits_scaling"])
+
+
+def _check_gemma_scalar(config: Mapping[str, Any], head_dim: int, layers_27b: int) -> None:
+    full = {**config, "head_dim": head_dim}
+    wanted = float(config.get("query_pre_attn_scalar", head_dim))
+    if not math.isclose(wanted, _gemma_scalar(full, layers_27b)):
+        raise UnsupportedArchitecture(
+            f"query_pre_attn_scalar {wanted} cannot be stored in GGUF for this shape "
+            f"(llama.cpp derives {_gemma_scalar(full, layers_27b)})")
+
+
+def _write_gemma2(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) -> None:
+    _check_gemma_scalar(config, head_dim, 46)
+    kv[f"{a}.attn_logit_softcapping"] = float(config.get("attn_logit_softcapping", 50.0))
+    kv[f"{a}.final_logit_softcapping"] = float(config.get("final_logit_softcapping", 30.0))
+    kv[f"{a}.attention.sliding_window"] = int(config.get("sliding_window", 4096))
+
+
+def _write_gemma3(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) -> None:
+    _check_gemma_scalar(config, head_dim, 62)
+    kv[f"{a}.attention.sliding_window"] = int(config.get("sliding_window", 512))
+    pattern = int(config.get("sliding_window_pattern", GEMMA3_PATTERN))
+    if pattern != GEMMA3_PATTERN:
+        kv[f"{a}.attention.sliding_window_pattern"] = pattern
+    local_base = float(config.get("rope_local_base_freq", 10000.0))
+    if local_base != 10000.0:
+        kv[f"{a}.rope.freq_base_swa"] = local_base
+    _write_rope_scaling(kv, a, config)
+
+
+def _write_phi3(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) -> None:
+    dims = int(float(config.get("partial_rotary_factor", 1.0)) * head_dim)
+    kv[f"{a}.rope.dimension_count"] = dims
+    kv[f"{a}.rope.scaling.original_context_length"] = int(
+        config.get("original_max_position_embeddings") or kv[f"{a}.context_length"])
+    kv[f"{a}.attention.sliding_window"] = int(config.get("sliding_window") or 0)
+    scaling = config.get("rope_scaling") or {}
+    if (scaling.get("rope_type") or scaling.get("type")) in ("longrope", "su"):
+        scale = kv[f"{a}.context_length"] / kv[f"{a}.rope.scaling.original_context_length"]
+        kv[f"{a}.rope.scaling.attn_factor"] = math.sqrt(
+            1 + math.log(scale) / math.log(kv[f"{a}.rope.scaling.original_context_length"])
+        ) if scale > 1 else 1.0
+    else:
+        _write_rope_scaling(kv, a, config)
+
+
+_WRITE_EXTRA = {"llama": _write_llama, "qwen2": _write_plain, "qwen3": _write_plain,
+                "gemma2": _write_gemma2, "gemma3": _write_gemma3, "phi3": _write_phi3,
+                "granite": _write_granite}
