@@ -109,6 +109,8 @@ class Progress:
                 return  # a pull announces each layer before it starts; no 0% bars
             hex_part = digest.removeprefix("sha256:")
             label = f"{verb} {hex_part[:12]}..." if digest.startswith("sha256:") else status
+            if status.startswith("converting"):  # a GGUF blob being converted to MLX
+                label = f"{status} {hex_part[:12]}..."
             self.bar(digest, label or verb, int(item.get("total") or 0), completed)
         elif status and status != self._status_key:
             self.status(status)

@@ -106,7 +106,8 @@ async def _convert(store: Any, source_hex: str, emit: Emit) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f"{TEMP_PREFIX}{source_hex[:12]}-{uuid.uuid4().hex[:8]}"
     status = {"status": "converting model to MLX", "digest": f"sha256:{source_hex}"}
-    emit({**status, "total": source.stat().st_size, "completed": 0})
+    size = source.stat().st_size  # progress is shown against the file's size
+    emit({**status, "total": size, "completed": 0})
     log.info("converting GGUF blob %s to MLX", source_hex[:12])
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "mlxr.supervisor.store.gguf.convert", str(source), str(tmp),
@@ -118,8 +119,9 @@ async def _convert(store: Any, source_hex: str, emit: Emit) -> None:
                 item = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(item, dict) and "completed" in item:
-                emit({**status, "total": item.get("total"), "completed": item["completed"]})
+            if isinstance(item, dict) and item.get("total"):
+                done = int(item["completed"]) * size // int(item["total"])
+                emit({**status, "total": size, "completed": done})
         err = await stderr_task
         await proc.wait()
     except asyncio.CancelledError:

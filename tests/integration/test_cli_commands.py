@@ -240,3 +240,59 @@ def test_interactive_chat_through_a_terminal(tiny, env, workdir):
     finally:
         child.close()
     assert child.exitstatus == 0, child.before
+
+
+def test_gguf_files_and_an_ollama_store(tiny, mlxr, workdir, server, tmp_path):
+    """`mlxr create NAME --from x.gguf`, `FROM ./x.gguf` in a Modelfile, and `mlxr import
+    --from-ollama` of an Ollama store holding a GGUF model: each runs through the server."""
+    import hashlib
+    import json
+    import os
+
+    from mlxr.supervisor.store.gguf.write import write_gguf
+    from mlxr.supervisor.store.random_model import write_random_model
+
+    gguf = write_gguf(write_random_model(tmp_path / "qwen2", arch="qwen2"),
+                      workdir / "qwen2.gguf", "Q8_0")
+    made = ok(mlxr("create", "qwen2-gguf", "--from", "qwen2.gguf"))
+    assert re.search(r"^converting model to MLX [0-9a-f]{12}\.\.\. 100%", made.stderr, re.M), \
+        made.stderr
+    (workdir / "gguf.Modelfile").write_text("FROM ./qwen2.gguf\nPARAMETER num_predict 3\n")
+    ok(mlxr("create", "qwen2-modelfile", "-f", "gguf.Modelfile"))
+    shown = ok(mlxr("show", "qwen2-modelfile")).stdout
+    assert re.search(r"architecture\s+qwen2", shown) and re.search(r"quantization\s+Q8_0", shown)
+    reply = ok(mlxr("run", "qwen2-modelfile", "hello"))
+    assert reply.stdout.strip()
+
+    # An Ollama store (as Ollama lays it out) with that GGUF as a model; Ollama's files must
+    # come out unchanged and be linked, not copied.
+    ollama = tmp_path / "ollama-models"
+    layers = []
+    for media, data in (("application/vnd.ollama.image.model", gguf.read_bytes()),
+                        ("application/vnd.ollama.image.params", b'{"num_predict":4}\n')):
+        digest = hashlib.sha256(data).hexdigest()
+        (ollama / "blobs").mkdir(parents=True, exist_ok=True)
+        (ollama / "blobs" / f"sha256-{digest}").write_bytes(data)
+        layers.append({"mediaType": media, "digest": f"sha256:{digest}", "size": len(data)})
+    config = json.dumps({"model_format": "gguf", "model_family": "qwen2"}).encode()
+    config_hex = hashlib.sha256(config).hexdigest()
+    (ollama / "blobs" / f"sha256-{config_hex}").write_bytes(config)
+    manifest = json.dumps({"schemaVersion": 2, "mediaType":
+                           "application/vnd.docker.distribution.manifest.v2+json",
+                           "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                                      "digest": f"sha256:{config_hex}", "size": len(config)},
+                           "layers": layers}).encode()
+    path = ollama / "manifests" / "registry.ollama.ai" / "library" / "qwen-ollama" / "latest"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(manifest)
+    before = {p: p.stat().st_mtime_ns for p in ollama.rglob("*") if p.is_file()}
+    env_models = {"OLLAMA_MODELS": str(ollama), "MLXR_MODELS": str(server.models_dir)}
+    imported = subprocess.run([*MLXR, "import", "--from-ollama"], env={**os.environ,
+                              **env_models}, capture_output=True, text=True, timeout=120)
+    assert imported.returncode == 0, imported.stderr
+    assert "imported qwen-ollama:latest" in imported.stdout
+    assert "hardlink" in imported.stdout or "present" in imported.stdout
+    assert {p: p.stat().st_mtime_ns for p in ollama.rglob("*") if p.is_file()} == before
+    assert "qwen-ollama:latest" in ok(mlxr("list")).stdout
+    reply = ok(mlxr("run", "qwen-ollama", "hello", "--verbose"))  # converted on first use
+    assert re.search(r"^eval count:\s+4 token", reply.stderr, re.M), reply.stderr

@@ -181,3 +181,37 @@ def test_pull_of_a_missing_model_fails_after_the_first_line(registry, proxy, tmp
         asyncio.run(pull())
     assert items == [{"status": "pulling manifest"}]
     assert list(store.manifests_dir.iterdir()) == []
+
+
+def test_a_gguf_model_pulls_and_is_converted_once(registry, proxy, tmp_path):
+    """Ollama's own format through a registry: the GGUF layer is pulled and converted to MLX
+    before the manifest is written, so the model runs as soon as the pull succeeds."""
+    from mlxr.supervisor.store import conversions
+    from mlxr.supervisor.store.gguf.write import write_gguf
+    from mlxr.supervisor.store.random_model import write_random_model
+
+    source = Store(tmp_path / "source")
+    gguf = write_gguf(write_random_model(tmp_path / "llama", arch="llama"),
+                      tmp_path / "llama.gguf", "Q4_K_M")
+    name = f"{proxy.host}/library/llama-gguf:q4"
+    progress = run(create_model(source, CreateRequest.from_json({
+        "model": name, "from": str(gguf), "template": "{{ .Prompt }}"})))
+    assert any(p["status"] == "converting model to MLX" for p in progress)
+    tokens = greedy_tokens(source.runner_dir(source.resolve(name)))
+    run(push_model(source, name, insecure=True))
+
+    store = Store(tmp_path / "models")
+    progress = run(pull_model(store, name, insecure=True))
+    converting = [p for p in progress if p["status"] == "converting model to MLX"]
+    assert converting and converting[-1]["completed"] == converting[-1]["total"]
+    statuses = [p["status"] for p in progress]
+    assert statuses.index("converting model to MLX") < statuses.index("writing manifest")
+    record = store.resolve(name)
+    assert record.config["model_format"] == "gguf" and record.config["file_type"] == "Q4_K_M"
+    assert record.template == "{{ .Prompt }}"
+    source_hex = store.gguf_source(record)
+    assert conversions.is_converted(store.root, source_hex)
+    assert greedy_tokens(store.runner_dir(record)) == tokens
+    # A second pull finds everything in place: nothing is converted again.
+    again = run(pull_model(store, name, insecure=True))
+    assert not [p for p in again if p["status"] == "converting model to MLX"]

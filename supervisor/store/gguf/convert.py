@@ -146,6 +146,8 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
         hf = arch.hf_tensor_name(name, t.name)
         done += t.n_bytes
         if hf is None:
+            if progress is not None:
+                progress(done, total)
             continue
         shape = t.shape
         out = quants.to_mlx(t.ggml_type, gguf.data(t), shape, t.name,

@@ -15,9 +15,8 @@ from tokenizers import Tokenizer
 
 from mlxr.shared.assets import write_qwen3_tokenizer
 from mlxr.shared.errors import InvalidRequest
+from mlxr.supervisor.store.gguf.pretokenizers import GPT2_SPLIT, LLAMA3_SPLIT
 from mlxr.supervisor.store.gguf.tokenizer import (
-    GPT2_SPLIT,
-    LLAMA3_SPLIT,
     UnsupportedTokenizer,
     gguf_tokenizer_fields,
     hf_tokenizer_files,

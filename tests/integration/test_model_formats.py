@@ -1,0 +1,144 @@
+"""Every architecture in every format through the whole server, as users reach it: a random
+model of each architecture as safetensors (float32, bfloat16, MLX 4-bit) and as GGUF (F16,
+Q8_0, Q4_K) written from it, each created through the API (GGUF blobs pushed with the real
+ollama client's create_blob and named in `files`, as Ollama's CLI does), then:
+- /api/chat streamed, greedy, to the length asked;
+- /v1/chat/completions (the openai client) with the same messages gives the same text, and a
+  repeat reuses the prompt from the prefix cache;
+- a batch of 8 concurrent requests (one longer than the sliding windows) whose first and last
+  are equal to their prompts run alone.
+
+The architectures are spread over two servers, two at a time on each (one's models load\nwhile another's are served)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import shutil
+
+import openai
+import pytest
+
+from mlxr.supervisor.store.gguf.write import write_gguf
+from mlxr.supervisor.store.quantize import quantize_dir
+from mlxr.supervisor.store.random_model import ARCH_NAMES, write_random_model
+from tests.harness.server import start_server
+
+GGUF_TYPES = ("F16", "Q8_0", "Q4_K")
+FORMATS = ("f32", "bf16", "q4") + tuple(f"gguf-{t.lower()}" for t in GGUF_TYPES)
+MESSAGES = [{"role": "user", "content": "Write a line of Python: print('你好') 🙂"}]
+# The last prompt is longer than Gemma's sliding window (64 tokens in these models).
+PROMPTS = [f"{w} " * (i + 1) for i, w in enumerate(
+    ("river", "stone", "cloud", "ember", "maple", "harbor", "violet"))] + [
+    "a long road past quiet towns and " * 16]
+N = 5
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory, subprocess_env):
+    """Two servers: a supervisor loads one runner at a time, so two halve the wall time."""
+    started = []
+    try:
+        for i in range(2):
+            started.append(start_server(tmp_path_factory.mktemp(f"formats{i}"), subprocess_env,
+                                        MLXR_MAX_LOADED_MODELS="4", MLXR_NUM_PARALLEL="8"))
+        yield started
+    finally:
+        for s in started:
+            s.stop()
+
+
+@pytest.fixture(scope="module")
+def server(servers):
+    return servers[0]
+
+
+def _create(server, arch: str, tmp) -> dict[str, str]:
+    """The six models of one architecture (format -> model name)."""
+    client = server.client()
+    f32 = write_random_model(tmp / f"{arch}-f32", arch=arch)
+    bf16 = write_random_model(tmp / f"{arch}-bf16", arch=arch, dtype="bfloat16")
+    names = {fmt: f"{arch}-{fmt}" for fmt in FORMATS}
+    assert client.create(model=names["f32"], from_=str(f32)).status == "success"
+    assert client.create(model=names["bf16"], from_=str(bf16)).status == "success"
+    q4 = tmp / f"{arch}-q4"  # made here: the server's own --quantize has its tests
+    quantize_dir(f32, q4, 4)
+    for extra in f32.iterdir():
+        if not (q4 / extra.name).exists():
+            shutil.copy(extra, q4 / extra.name)
+    assert client.create(model=names["q4"], from_=str(q4)).status == "success"
+    for file_type in GGUF_TYPES:
+        path = write_gguf(f32, tmp / f"{arch}-{file_type}.gguf", file_type)
+        digest = client.create_blob(path)
+        progress = list(client.create(model=names[f"gguf-{file_type.lower()}"],
+                                      files={path.name: digest}, stream=True))
+        assert progress[-1].status == "success"
+        assert any(p.status == "converting model to MLX" for p in progress)
+    return names
+
+
+def _exercise(server, model: str) -> None:
+    client = server.client()
+    options = {"temperature": 0, "num_predict": N}
+    chunks = list(client.chat(model=model, messages=MESSAGES, stream=True, options=options))
+    text = "".join(c.message.content for c in chunks)
+    assert chunks[-1].done and chunks[-1].eval_count == N, model
+    oa = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+    for attempt in range(2):
+        reply = oa.chat.completions.create(model=model, messages=MESSAGES, temperature=0,
+                                           max_tokens=N)
+        assert reply.choices[0].message.content == text, (model, attempt)
+    usage = reply.usage
+    assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 1, model
+
+    def generate(prompt: str) -> str:
+        return client.generate(model=model, prompt=prompt, options=options).response
+
+    with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        batch = list(pool.map(generate, PROMPTS))
+    alone = [generate(p) for p in (PROMPTS[0], PROMPTS[-1])]
+    assert [batch[0], batch[-1]] == alone, model
+    assert len(set(batch)) > 1, model  # the prompts lead to different text
+    client.generate(model=model, keep_alive=0)
+
+
+def _architecture(server, arch: str, tmp) -> list[str]:
+    names = _create(server, arch, tmp)
+    details = {m.model: m.details for m in server.client().list().models}
+    assert details[f"{names['gguf-q4_k']}:latest"].format == "gguf"
+    assert details[f"{names['gguf-q8_0']}:latest"].quantization_level == "Q8_0"
+    for fmt in FORMATS:
+        _exercise(server, names[fmt])
+    return list(names.values())
+
+
+def test_every_architecture_in_every_format(servers, tmp_path):
+    jobs = [(servers[i % len(servers)], arch) for i, arch in enumerate(ARCH_NAMES)]
+    with cf.ThreadPoolExecutor(2 * len(servers)) as pool:
+        done = list(pool.map(lambda job: _architecture(job[0], job[1], tmp_path), jobs))
+    assert sum(len(x) for x in done) == len(ARCH_NAMES) * len(FORMATS)
+    for s in servers:
+        assert "Traceback" not in s.log(), s.log()[-3000:]
+
+
+def test_gguf_errors_are_400s_naming_what_is_unsupported(server, tmp_path):
+    import gguf
+
+    client = server.http()
+    path = tmp_path / "rwkv.gguf"
+    w = gguf.GGUFWriter(str(path), "rwkv6")
+    w.add_tensor("token_embd.weight", __import__("numpy").zeros((4, 32), "float32"))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_bytes(b"just some text")
+    for source, fragment in ((path, 'unsupported model architecture "rwkv6"'),
+                             (not_gguf, "is not a GGUF file")):
+        digest = server.client().create_blob(source)
+        reply = client.post("/api/create", json={"model": "bad", "files": {
+            source.name: digest}})
+        assert reply.status_code == 400, reply.text
+        assert fragment in json.loads(reply.text)["error"]
+    assert "bad:latest" not in [m.model for m in server.client().list().models]
