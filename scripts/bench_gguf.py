@@ -49,7 +49,8 @@ def load_seconds(http: httpx.Client, model: str) -> float:
 
 def decode_rate(http: httpx.Client, model: str, streams: int, gen: int) -> float:
     """Aggregate generated tokens per second of `streams` concurrent greedy requests."""
-    body = {"model": model, "options": {"temperature": 0, "num_predict": gen}, "raw": True}
+    body = {"model": model, "options": {"temperature": 0, "num_predict": gen}, "raw": True,
+            "stream": False}
 
     def one(i: int) -> tuple[int, float]:
         r = http.post("/api/generate", json={**body, "prompt": f"story number {i}: once"},
@@ -81,7 +82,8 @@ def main() -> None:
               f"GGUF Q4_K_M {gguf.stat().st_size / 1e6:.0f} MB (written in {time.monotonic() - t:.1f} s)")
         server = start_server(tmp, env, MLXR_NUM_PARALLEL="16", MLXR_MAX_LOADED_MODELS="1")
         try:
-            client, http = server.client(), server.http(timeout=600)
+            client = server.client(timeout=600)
+            http = httpx.Client(base_url=server.url, trust_env=False, timeout=600)
             t = time.monotonic()
             client.create(model="st-f32", from_=str(src))
             client.create(model="mlx-q4", from_="st-f32", quantize="q4")
