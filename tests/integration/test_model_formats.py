@@ -132,9 +132,18 @@ def test_gguf_errors_are_400s_naming_what_is_unsupported(server, tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    q8k = tmp_path / "q8k.gguf"
+    w = gguf.GGUFWriter(str(q8k), "llama")
+    w.add_tensor("token_embd.weight", __import__("numpy").zeros((4, 292), "uint8"),
+                 raw_dtype=gguf.GGMLQuantizationType.Q8_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     not_gguf = tmp_path / "notes.gguf"
     not_gguf.write_bytes(b"just some text")
     for source, fragment in ((path, 'unsupported model architecture "rwkv6"'),
+                             (q8k, 'unsupported GGUF tensor type Q8_K in "token_embd.weight"'),
                              (not_gguf, "is not a GGUF file")):
         digest = server.client().create_blob(source)
         reply = client.post("/api/create", json={"model": "bad", "files": {

@@ -95,7 +95,10 @@ def check_supported(path: Path, gguf: GgufFile | None = None) -> GgufSummary:
     for t in gguf.tensors:
         arch.hf_tensor_name(name, t.name)  # raises for a tensor it cannot place
         if t.ggml_type not in _FLOAT_TYPES:
-            quants.requantized_bits(t.ggml_type)  # raises for an unsupported type
+            try:
+                quants.requantized_bits(t.ggml_type)
+            except UnsupportedModel as exc:
+                raise type(exc)(f'{exc.message} in "{t.name}"') from None
         types[t.name] = t.ggml_type
     tokenizer.check_tokenizer(kv)
     count = sum(t.n_elements for t in gguf.tensors)

@@ -82,6 +82,14 @@ def test_create_from_directory(store, tmp_path):
     assert not list(store.tmp_dir.glob("*")) if store.tmp_dir.exists() else True
 
 
+def test_create_random_architecture_in_bfloat16(store):
+    assert create(store, {"model": "g", "random": {"preset": "gemma3", "seed": 1,
+                                                   "dtype": "bfloat16"}})[-1]["status"] == "success"
+    record = store.resolve("g")
+    assert record.config["model_family"] == "gemma3_text" and record.config["file_type"] == "BF16"
+    assert "gemma3" in record.model_info["general.description"]
+
+
 def test_create_from_uploaded_blobs_matches_directory(store, tmp_path):
     src = make_hf_dir(tmp_path / "src")
     create(store, {"model": "from-dir", "from": str(src)})
@@ -131,7 +139,10 @@ def test_replacing_a_model_collects_its_old_layers(store, tmp_path):
     ({"model": "x", "from": "nope"}, ModelNotFound, 'model "nope" not found'),
     ({"model": "x"}, InvalidRequest, "neither"),
     ({"model": "x", "from": "/no/such/dir"}, InvalidRequest, "not a directory"),
-    ({"model": "x", "random": {"preset": "huge"}}, InvalidRequest, "unknown random preset"),
+    ({"model": "x", "random": {"preset": "huge"}}, InvalidRequest,
+     "or an architecture (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, granite)"),
+    ({"model": "x", "random": {"preset": "llama", "dtype": "int8"}}, InvalidRequest,
+     'unknown random dtype "int8"'),
     ({"model": "x", "random": {}, "quantize": "q4_K_M"}, InvalidRequest,
      'unsupported quantization type "q4_K_M"'),
     ({"model": "x", "files": {"config.json": "sha256:" + "0" * 64}}, InvalidRequest,
