@@ -12,6 +12,10 @@ Invariants:
   pass (see ModelStep.run), by `make_grammar` for the first position, or on first use.
 - Nothing here touches MLX except `__call__` (on the engine thread); compiling runs on any
   thread, so the completions handler compiles in an executor and rejects bad formats with 400.
+- With `start_after` (the token ids of a request's `format_after`, the end of its thinking
+  section) the processor is dormant: it masks nothing until those ids appear in the output,
+  then the grammar starts at the token after them (`num_prompt` moves there, so the invariant
+  above holds from then on). Output that never closes its thinking is never constrained.
 """
 
 from __future__ import annotations
@@ -107,19 +111,39 @@ class GrammarCompiler:
 class GrammarProcessor:
     """The `LogitsProcessor` of one constrained request (see the module docstring)."""
 
-    __slots__ = ("matcher", "num_prompt", "num_consumed", "vocab_size", "_allowed", "_warned")
+    __slots__ = ("matcher", "num_prompt", "num_consumed", "vocab_size", "_allowed", "_warned",
+                 "start_after")
 
-    def __init__(self, matcher: Any, num_prompt: int, vocab_size: int):
+    def __init__(self, matcher: Any, num_prompt: int, vocab_size: int,
+                 start_after: list[int] | None = None):
         self.matcher = matcher
         self.num_prompt = num_prompt
         self.num_consumed = 0
         self.vocab_size = vocab_size
         self._allowed: np.ndarray | None = None
         self._warned = False
+        self.start_after = start_after or None
+
+    @property
+    def active(self) -> bool:
+        return self.start_after is None
+
+    def _wake(self, tokens: list[int]) -> None:
+        """Start the grammar if the output now holds `start_after` (searched in the output only)."""
+        tag, out = self.start_after, tokens[self.num_prompt:]
+        for i in range(len(out) - len(tag), -1, -1):
+            if out[i:i + len(tag)] == tag:
+                self.num_prompt += i + len(tag)
+                self.start_after = None
+                return
 
     def prepare(self, tokens: list[int]) -> None:
         """Advance past the tokens chosen since the last call and compute the next mask (host
         work, done while the device runs the forward pass)."""
+        if not self.active:
+            self._wake(tokens)
+            if not self.active:
+                return
         start = self.num_prompt + self.num_consumed
         if len(tokens) > start:
             for token in tokens[start:]:
@@ -141,12 +165,14 @@ class GrammarProcessor:
     @property
     def is_complete(self) -> bool:
         """True when only EOS can follow (the grammar is satisfied and cannot grow)."""
-        return self.matcher.is_stopped()
+        return self.active and self.matcher.is_stopped()
 
     def __call__(self, tokens: list[int], row: Any) -> Any:
         import mlx.core as mx  # here only, so the host-side logic needs no MLX
 
         self.prepare(tokens)
+        if not self.active:
+            return row
         return mx.where(mx.array(self._allowed), row, float("-inf"))
 
 
@@ -168,11 +194,15 @@ def compiler_for(tokenizer: Any, vocab_size: int) -> GrammarCompiler:
         return compiler
 
 
-def make_grammar(tokenizer: Any, vocab_size: int, fmt: Any, num_prompt: int) -> GrammarProcessor:
+def make_grammar(tokenizer: Any, vocab_size: int, fmt: Any, num_prompt: int,
+                 format_after: str | None = None) -> GrammarProcessor:
     """Compile `fmt` for a request whose prompt has `num_prompt` tokens, with its first mask
-    ready. Blocking (milliseconds; about 1 s the first time per model): call it off the event
-    loop. Raises InvalidRequest for a format that does not compile."""
+    ready (or dormant until the output holds `format_after`'s tokens). Blocking (milliseconds;
+    about 1 s the first time per model): call it off the event loop. Raises InvalidRequest
+    for a format that does not compile."""
+    start_after = tokenizer.encode(format_after, add_special_tokens=False) if format_after \
+        else None
     processor = GrammarProcessor(compiler_for(tokenizer, vocab_size).matcher(fmt), num_prompt,
-                                 vocab_size)
+                                 vocab_size, start_after)
     processor.prepare([])
     return processor

@@ -3,12 +3,17 @@ step, prefix cache and scheduler, or an encoder that only embeds.
 
 mlx and mlx_lm are imported inside the functions, so importing this module (the server does,
 for the types) loads no MLX on the event loop thread.
+
+A model directory with an `.adapter/adapter_config.json` (the store links a model's LoRA adapter
+there, in mlx-lm's format) is loaded with mlx_lm's own `adapter_path`, so the adapter is applied
+exactly as mlx-lm applies it; a model is never served without its adapter.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import psutil
@@ -23,6 +28,7 @@ if TYPE_CHECKING:
     from mlxr.runner.model_step import ModelStep
 
 log = logging.getLogger("mlxr.runner")
+ADAPTER_DIR = ".adapter"  # the store's ADAPTER_DIR (the runner imports nothing of the supervisor)
 
 
 @dataclass(slots=True)
@@ -53,7 +59,12 @@ def load_model(config: RunnerConfig, blas: str,
         emb = load_encoder_embedder(config.model_dir, config.context_length)
         return LoadedModel(emb.model, emb.tokenizer, emb.max_length, 1, emb.vocab_size,
                            ["embedding"], emb)
-    model, tokenizer, model_config = load(config.model_dir, return_config=True)
+    adapter = Path(config.model_dir) / ADAPTER_DIR
+    adapter_path = str(adapter) if (adapter / "adapter_config.json").is_file() else None
+    model, tokenizer, model_config = load(config.model_dir, adapter_path=adapter_path,
+                                          return_config=True)
+    if adapter_path:
+        log.info("applied the LoRA adapter in %s", adapter_path)
     fix_model(model, model_config)
     on_progress(0.9)
     max_context = int(model_config.get("max_position_embeddings")

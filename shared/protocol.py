@@ -112,6 +112,9 @@ class CompletionRequest:
     format: Any = None
     add_special: bool | None = None
     return_prompt_tokens: bool = False
+    # With `format`: the grammar applies only after the output has produced this text (the
+    # end of a thinking section, e.g. "</think>"); before it the output is free.
+    format_after: str | None = None
 
     @classmethod
     def from_dict(cls, data: Any) -> "CompletionRequest":
@@ -135,10 +138,14 @@ class CompletionRequest:
         add_special = data.get("add_special")
         if add_special is not None and not isinstance(add_special, bool):
             raise InvalidRequest("add_special must be a boolean")
+        after = data.get("format_after") or None
+        if after is not None and not isinstance(after, str):
+            raise InvalidRequest("format_after must be a string")
         return cls(prompt=prompt, tokens=tokens, options=Options.from_dict(data.get("options")),
                    logprobs=bool(data.get("logprobs")) or top > 0, top_logprobs=top, format=fmt,
                    add_special=add_special,
-                   return_prompt_tokens=bool(data.get("return_prompt_tokens")))
+                   return_prompt_tokens=bool(data.get("return_prompt_tokens")),
+                   format_after=after)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"options": self.options.to_dict()}
@@ -155,6 +162,8 @@ class CompletionRequest:
             d["add_special"] = self.add_special
         if self.return_prompt_tokens:
             d["return_prompt_tokens"] = True
+        if self.format is not None and self.format_after:
+            d["format_after"] = self.format_after
         return d
 
 

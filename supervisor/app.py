@@ -14,10 +14,11 @@ from aiohttp import web
 
 from mlxr.shared.config import Settings
 from mlxr.supervisor.api import metrics as metrics_api
-from mlxr.supervisor.api import ollama, openai
+from mlxr.supervisor.api import anthropic, ollama, openai
 from mlxr.supervisor.api import store as store_api
 from mlxr.supervisor.api.keys import METRICS, SERVICE, STORE, VERSION
 from mlxr.supervisor.api.middleware import Cors, error_middleware, make_api_key_middleware
+from mlxr.supervisor.api.responses import create_response
 from mlxr.supervisor.inference.service import Service
 from mlxr.supervisor.metrics import Metrics
 from mlxr.supervisor.runners.client import BlasSelection, make_runner_factory
@@ -55,6 +56,10 @@ ROUTES = [
     web.post("/v1/embeddings", openai.embeddings),
     web.get("/v1/models", openai.list_models),
     web.get("/v1/models/{model:.+}", openai.get_model),
+    # Anthropic's API
+    web.post("/v1/messages", anthropic.messages),
+    web.post("/v1/messages/count_tokens", anthropic.count_tokens),
+    web.post("/v1/responses", create_response),
 ]
 
 

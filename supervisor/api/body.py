@@ -29,10 +29,11 @@ MAX_PROMPTS = 64
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object; an empty body is `{}`. Bad JSON is a 400."""
+    """The request body as a JSON object. An empty body is Ollama's 400 `missing request body`;
+    bad JSON is a 400 too."""
     raw = await request.read()
     if not raw.strip():
-        return {}
+        raise InvalidRequest("missing request body")
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -92,8 +93,49 @@ def check_top_logprobs(top: Any, param: str | None = None) -> int:
 
 
 def stream_wanted(body: dict[str, Any]) -> bool:
-    """Ollama's `stream`: true unless given and false."""
-    return body.get("stream") is None or bool(body["stream"])
+    """Ollama's `stream`: true unless given and false; any other type is a 400."""
+    return bool_field(body, "stream", True)
+
+
+THINK_LEVELS = ("high", "medium", "low", "max")
+
+
+def think_field(value: Any) -> bool | str | None:
+    """Ollama's `think` (api.ThinkValue): true, false, a level (high, medium, low, max) or
+    unset. Anything else is a 400 in Ollama's words."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if value not in THINK_LEVELS:
+            raise InvalidRequest(f'invalid think value: {json.dumps(value)} (must be "high", '
+                                 '"medium", "low", "max", true, or false)')
+        return value
+    raise InvalidRequest('think must be a boolean or string ("high", "medium", "low", "max", '
+                         'true, or false)')
+
+
+# OpenAI's reasoning efforts as Ollama's think values (openai.thinkFromReasoningEffort): the
+# tiers past Ollama's ends are clamped to its nearest, "none" turns thinking off.
+REASONING_EFFORTS: dict[str, bool | str] = {
+    "none": False, "minimal": "low", "low": "low", "medium": "medium", "high": "high",
+    "max": "max", "xhigh": "max", "ultra": "max"}
+
+
+def reasoning_effort_field(body: dict[str, Any]) -> bool | str | None:
+    """`reasoning: {effort}` (preferred, as Ollama) or `reasoning_effort` as a think value;
+    None (the model's default) when neither is given or the effort is ""."""
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict):
+        effort = reasoning.get("effort")
+    else:
+        effort = body.get("reasoning_effort")
+    if effort is None or effort == "":
+        return None
+    if not isinstance(effort, str) or effort not in REASONING_EFFORTS:
+        raise InvalidRequest(f"invalid reasoning value: {json.dumps(effort)} (must be "
+                             '"minimal", "low", "medium", "high", "xhigh", "ultra", "max", '
+                             'or "none")', param="reasoning_effort")
+    return REASONING_EFFORTS[effort]
 
 
 # -- Ollama's /api routes ----------------------------------------------------------------------
@@ -101,9 +143,11 @@ def stream_wanted(body: dict[str, Any]) -> bool:
 def _common(body: dict[str, Any]) -> dict[str, Any]:
     top = check_top_logprobs(body.get("top_logprobs") or 0)
     options = options_field(body)
-    return dict(model=str_field(body, "model"), think=body.get("think"),
+    stream_wanted(body)  # type-checked here, before anything runs
+    bool_field(body, "shift", True)  # accepted; see ChatRequest.shift
+    return dict(model=str_field(body, "model"), think=think_field(body.get("think")),
                 format=body.get("format"), options=options,
-                keep_alive_s=keep_alive_field(body), logprobs=bool(body.get("logprobs")),
+                keep_alive_s=keep_alive_field(body), logprobs=bool_field(body, "logprobs", False),
                 top_logprobs=top)
 
 
@@ -121,15 +165,18 @@ def parse_generate(body: dict[str, Any]) -> GenerateRequest:
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
     messages = list_field(body, "messages")
-    for m in messages:
+    for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise InvalidRequest("each message must be an object with a role")
         if m.get("content") is not None and not isinstance(m["content"], str):
             raise InvalidRequest("message content must be a string")
+        if m["role"] != m["role"].lower():  # Ollama lower-cases roles ("USER" is a user turn)
+            messages[i] = {**m, "role": m["role"].lower()}
     tools = list_field(body, "tools")
     if not all(isinstance(t, dict) for t in tools):
         raise InvalidRequest("tools must be a list of objects")
-    return ChatRequest(messages=messages, tools=tools, **_common(body))
+    return ChatRequest(messages=messages, tools=tools, truncate=bool_field(body, "truncate", True),
+                       **_common(body))
 
 
 def parse_embed(body: dict[str, Any]) -> EmbedCall:
@@ -187,6 +234,7 @@ class OpenAICommon:
     top_logprobs: int = 0
     format: Any = None
     force_call: ForcedCall | None = None  # chat only: tool_choice "required" or a function
+    think: bool | str | None = None  # chat only: from reasoning_effort (see REASONING_EFFORTS)
 
 
 def parse_openai_common(body: dict[str, Any], chat: bool) -> OpenAICommon:
@@ -275,6 +323,7 @@ def parse_openai_chat(body: dict[str, Any]
                       ) -> tuple[OpenAICommon, list[dict[str, Any]], list[dict[str, Any]]]:
     """The common fields, the messages in Ollama's shape, and the tools."""
     common = parse_openai_common(body, chat=True)
+    common.think = reasoning_effort_field(body)
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("messages must be a non-empty list", param="messages")
@@ -284,7 +333,20 @@ def parse_openai_chat(body: dict[str, Any]
         tools = []
     else:
         common.force_call = parse_tool_choice(choice, tools)
-    return common, [message_to_ollama(m) for m in raw], tools
+    messages = [message_to_ollama(m) for m in raw]
+    for m in messages:  # a tool result names its call by id: find the call's function name
+        if m["role"] == "tool" and not m.get("tool_name") and m.get("tool_call_id"):
+            m["tool_name"] = _tool_name_for(messages, m["tool_call_id"])
+    return common, messages, tools
+
+
+def _tool_name_for(messages: list[dict[str, Any]], call_id: str) -> str:
+    """The function name of the call with this id; the last one wins, as in Ollama."""
+    for m in reversed(messages):
+        for call in m.get("tool_calls") or []:
+            if call.get("id") == call_id:
+                return call["function"]["name"]
+    return ""
 
 
 def parse_tool_choice(choice: Any, tools: list[dict[str, Any]]) -> ForcedCall | None:
@@ -308,11 +370,12 @@ def parse_tool_choice(choice: Any, tools: list[dict[str, Any]]) -> ForcedCall | 
 
 
 def message_to_ollama(m: Any) -> dict[str, Any]:
-    if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user",
-                                                         "assistant", "tool"):
+    role = m.get("role") if isinstance(m, dict) else None
+    role = role.lower() if isinstance(role, str) else role
+    if role not in ("system", "developer", "user", "assistant", "tool"):
         raise InvalidRequest("each message needs a role: system, user, assistant or tool",
                              param="messages")
-    out: dict[str, Any] = {"role": "system" if m["role"] == "developer" else m["role"]}
+    out: dict[str, Any] = {"role": "system" if role == "developer" else role}
     content = m.get("content")
     if isinstance(content, list):
         texts, images = [], []
@@ -334,8 +397,10 @@ def message_to_ollama(m: Any) -> dict[str, Any]:
                              param="messages")
     if m.get("tool_calls"):
         out["tool_calls"] = [_tool_call_to_ollama(c) for c in m["tool_calls"]]
-    if m["role"] == "tool" and m.get("name"):
+    if role == "tool" and isinstance(m.get("name"), str) and m["name"]:
         out["tool_name"] = m["name"]
+    if isinstance(m.get("tool_call_id"), str) and m["tool_call_id"]:
+        out["tool_call_id"] = m["tool_call_id"]
     reasoning = m.get("reasoning") or m.get("reasoning_content")
     if isinstance(reasoning, str) and reasoning:
         out["thinking"] = reasoning
@@ -359,7 +424,10 @@ def _tool_call_to_ollama(call: Any) -> dict[str, Any]:
             args = json.loads(args) if args.strip() else {}
         except ValueError:
             raise InvalidRequest("tool call arguments must be JSON", param="messages") from None
-    return {"function": {"name": fn["name"], "arguments": args}}
+    out: dict[str, Any] = {"function": {"name": fn["name"], "arguments": args}}
+    if isinstance(call.get("id"), str) and call["id"]:
+        out["id"] = call["id"]
+    return out
 
 
 def parse_openai_completion(body: dict[str, Any]) -> tuple[OpenAICommon, list[str], str]:

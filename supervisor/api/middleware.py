@@ -1,10 +1,12 @@
 """The app's middlewares (the access log and metrics middleware is supervisor/metrics.py's).
 
-- Errors: one middleware renders every error, Ollama's `{"error": "..."}` on /api routes and
-  OpenAI's error object on /v1 routes. Handlers raise `shared.errors.MlxrError` subclasses.
+- Errors: one middleware renders every error, Ollama's `{"error": "..."}` on /api routes,
+  Anthropic's error object on /v1/messages routes and OpenAI's on the other /v1 routes.
+  Handlers raise `shared.errors.MlxrError` subclasses.
 - CORS: preflights from allowed origins are answered, and every response to an allowed origin
   gets its headers just before they are sent (streams included).
-- API key: with MLXR_API_KEY set, every route but `OPEN_PATHS` needs it as a bearer token.
+- API key: with MLXR_API_KEY set, every route but `OPEN_PATHS` needs it as a bearer token
+  (or as `x-api-key`, the header Anthropic's clients send).
 """
 
 from __future__ import annotations
@@ -36,7 +38,25 @@ def error_body(err: MlxrError, openai: bool) -> dict[str, Any]:
     return {"error": err.message}
 
 
+def is_anthropic_path(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+# Anthropic's error types by HTTP status; any other status is an "api_error".
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                   429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error_body(err: MlxrError) -> dict[str, Any]:
+    """Anthropic's error object: the HTTP body, and the data of a stream's `error` event."""
+    return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(err.status, "api_error"),
+                                       "message": err.message}}
+
+
 def error_response(err: MlxrError, path: str) -> web.Response:
+    if is_anthropic_path(path):
+        return web.json_response(anthropic_error_body(err), status=err.status)
     return web.json_response(error_body(err, is_openai_path(path)), status=err.status)
 
 
@@ -108,7 +128,9 @@ def make_api_key_middleware(key: str):
     async def check(request: web.Request, handler):
         if request.path not in OPEN_PATHS and request.method != "OPTIONS":
             given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
+            other = f"Bearer {request.headers.get('x-api-key', '')}".encode()
+            if not (hmac.compare_digest(given, expected)
+                    or hmac.compare_digest(other, expected)):
                 raise Unauthorized("invalid or missing API key")
         return await handler(request)
 

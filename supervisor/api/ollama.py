@@ -19,6 +19,7 @@ from mlxr.supervisor.api.body import (parse_chat, parse_embed, parse_embeddings_
 from mlxr.supervisor.api.keys import SERVICE, VERSION
 from mlxr.supervisor.inference.types import Completion, Delta, Final, Reply, RunningModel, fold
 from mlxr.supervisor.metrics import LOG_FIELDS
+from mlxr.supervisor.version import OLLAMA_API_VERSION
 
 
 # -- response shapes -------------------------------------------------------------------------
@@ -201,7 +202,10 @@ async def embeddings_legacy(request: web.Request) -> web.Response:
 
 
 async def version(request: web.Request) -> web.Response:
-    return web.json_response({"version": request.app[VERSION]})
+    """`version` is the Ollama API version implemented (what Ollama clients compare);
+    `mlxr_version` is mlxr's own."""
+    return web.json_response({"version": OLLAMA_API_VERSION,
+                              "mlxr_version": request.app[VERSION]})
 
 
 async def root(request: web.Request) -> web.Response:

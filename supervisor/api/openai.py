@@ -44,6 +44,7 @@ def choice_options(common: OpenAICommon, index: int) -> dict[str, Any]:
 def chat_request(common: OpenAICommon, messages: list[dict[str, Any]],
                  tools: list[dict[str, Any]], index: int) -> ChatRequest:
     return ChatRequest(model=common.model, messages=messages, tools=tools, format=common.format,
+                       think=common.think,
                        options=choice_options(common, index), logprobs=common.logprobs,
                        top_logprobs=common.top_logprobs, force_call=common.force_call)
 
@@ -361,4 +362,4 @@ async def get_model(request: web.Request) -> web.Response:
         record = request.app[STORE].resolve(name)
     except ModelNotFound:
         raise ModelNotFound(f"The model '{name}' does not exist", param="model") from None
-    return web.json_response(_model_json(record))
+    return web.json_response({**_model_json(record), "id": name})  # the name as asked (Ollama)

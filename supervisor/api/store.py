@@ -18,7 +18,8 @@ from mlxr.supervisor.api.body import bool_field, model_field, parse_copy, read_j
 from mlxr.supervisor.api.keys import STORE
 from mlxr.supervisor.store.blobs import parse_digest
 from mlxr.supervisor.store.create import CreateRequest, create_model
-from mlxr.supervisor.store.metadata import chat_template_of
+from mlxr.supervisor.store.metadata import (chat_template_of, tensor_list,
+                                            with_template_capabilities)
 from mlxr.supervisor.store.modelfile import format_parameters, render_modelfile
 from mlxr.supervisor.store.store import ModelRecord, Store, model_details
 from mlxr.supervisor.store.transfer import pull_model, push_model
@@ -28,10 +29,25 @@ MAX_BLOB_BYTES = 1 << 40
 UPLOAD_FLUSH_BYTES = 4 << 20
 
 
+def details(record: ModelRecord) -> dict[str, Any]:
+    """Ollama's `details`, with its context_length and embedding_length (omitted if unknown)."""
+    out = model_details(record)
+    for key in ("context_length", "embedding_length"):
+        value = (record.config or {}).get(key)
+        if isinstance(value, int) and value > 0:
+            out[key] = value
+    return out
+
+
+def capabilities(record: ModelRecord) -> list[str]:
+    return with_template_capabilities(record.capabilities, record.template)
+
+
 def tags_entry(record: ModelRecord) -> dict[str, Any]:
     return {"name": record.name, "model": record.name,
             "modified_at": record.modified_at.isoformat(), "size": record.size,
-            "digest": record.digest, "details": model_details(record)}
+            "digest": record.digest, "details": details(record),
+            "capabilities": capabilities(record)}
 
 
 async def tags(request: web.Request) -> web.Response:
@@ -43,10 +59,12 @@ async def show(request: web.Request) -> web.Response:
     store = request.app[STORE]
     body = await read_json(request)
     record = await asyncio.to_thread(store.resolve, model_field(body))
-    return web.json_response(await asyncio.to_thread(_show, store, record))
+    verbose = bool_field(body, "verbose", False)
+    return web.json_response(await asyncio.to_thread(_show, store, record, verbose))
 
 
-def _show(store: Store, record: ModelRecord) -> dict[str, Any]:
+def _show(store: Store, record: ModelRecord, verbose: bool = False) -> dict[str, Any]:
+    """Ollama's show; `verbose` adds `tensors` (each tensor's name, type and shape)."""
     files = {x.name: store.blobs.path(x.hex) for x in store.manifest_of(record).files()}
     out: dict[str, Any] = {
         "modelfile": render_modelfile(record.name, template=record.template,
@@ -56,11 +74,13 @@ def _show(store: Store, record: ModelRecord) -> dict[str, Any]:
         "parameters": format_parameters(record.params),
         "template": record.template or chat_template_of(files) or "",
         "system": record.system or "",
-        "details": model_details(record), "model_info": record.model_info,
-        "capabilities": record.capabilities,
+        "details": details(record), "model_info": record.model_info,
+        "capabilities": capabilities(record),
         "modified_at": record.modified_at.isoformat(),
         "license": record.license or "", "messages": record.messages,
     }
+    if verbose and files:
+        out["tensors"] = tensor_list(files)
     always = ("details", "model_info", "capabilities", "modified_at")
     return {k: v for k, v in out.items() if k in always or v not in ("", [])}
 

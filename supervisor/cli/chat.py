@@ -15,6 +15,7 @@ from mlxr.supervisor.cli.client import ApiClient, CliError, ServerError
 from mlxr.supervisor.cli.format import (USAGE, USAGE_PARAMETERS, USAGE_SET, USAGE_SHORTCUTS,
                                    USAGE_SHOW, metrics_summary, models_table, show_info)
 from mlxr.supervisor.cli.progress import Progress
+from mlxr.supervisor.cli.wrap import WordWrapper, terminal_width
 from mlxr.supervisor.store.modelfile import parse_parameter
 
 GREY, BOLD, RESET = "\x1b[90m", "\x1b[1m", "\x1b[0m"
@@ -29,6 +30,7 @@ class RunOptions:
     think: bool | str | None = None
     hide_thinking: bool = False
     verbose: bool = False
+    word_wrap: bool = True  # wrap at words (only when writing to a terminal)
     system: str = ""
     options: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -44,12 +46,17 @@ class RunOptions:
 
 class ReplyWriter:
     """Writes a streamed reply: thinking between "Thinking..." and "...done thinking.", then
-    the answer. `plain`: no colours (output is not a terminal)."""
+    the answer. `plain`: no colours (output is not a terminal). Words wrap only on a terminal
+    (`wrap`): the wrapper's cursor moves would corrupt a file or a pipe."""
 
-    def __init__(self, out: TextIO, hide_thinking: bool, plain: bool):
+    def __init__(self, out: TextIO, hide_thinking: bool, plain: bool, wrap: bool = False):
         self.out, self.hide_thinking, self.plain = out, hide_thinking, plain
         self.thinking_open = False
         self.last_thought = ""
+        self.wrap = WordWrapper(terminal_width(out)) if wrap and not plain else None
+
+    def _text(self, text: str) -> None:
+        self.out.write(self.wrap(text) if self.wrap and text else text)
 
     def write(self, content: str, thinking: str) -> None:
         if thinking and not self.hide_thinking:
@@ -57,7 +64,7 @@ class ReplyWriter:
                 opening = "Thinking...\n"
                 self.out.write(opening if self.plain else GREY + BOLD + opening + RESET + GREY)
                 self.thinking_open = True
-            self.out.write(thinking)
+            self._text(thinking)
             self.last_thought = thinking
         if self.thinking_open and content:
             closing = "...done thinking.\n\n"
@@ -65,7 +72,9 @@ class ReplyWriter:
                 self.out.write("\n")
             self.out.write(closing if self.plain else GREY + BOLD + closing + RESET)
             self.thinking_open = False
-        self.out.write(content)
+            if self.wrap:
+                self.wrap.line_len, self.wrap.word = 0, ""
+        self._text(content)
         self.out.flush()
 
 
@@ -78,7 +87,7 @@ def _stream(items: Iterator[dict[str, Any]], parts: Parts, opts: RunOptions,
     A spinner runs on stderr until the first words arrive."""
     progress = Progress(clear=True)
     progress.status("")
-    writer = ReplyWriter(out, opts.hide_thinking, plain=not out.isatty())
+    writer = ReplyWriter(out, opts.hide_thinking, plain=not out.isatty(), wrap=opts.word_wrap)
     text: list[str] = []
     final = None
     try:
@@ -316,7 +325,8 @@ class ChatSession:
             opts.format = None
             print("Disabled format.")
         elif what in ("wordwrap", "nowordwrap"):
-            print(f"Set '{what}' mode.")  # accepted for Ollama's users; replies are not wrapped
+            opts.word_wrap = what == "wordwrap"
+            print(f"Set '{what}' mode.")
         elif what in ("history", "nohistory"):
             pass
         elif what:

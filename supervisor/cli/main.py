@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import sys
 from pathlib import Path
@@ -15,9 +14,10 @@ from typing import Any
 
 import click
 
-from mlxr.shared.config import Settings, parse_duration, parse_host
-from mlxr.shared.errors import InvalidRequest, MlxrError
-from mlxr.supervisor.cli.client import ApiClient, CliError, ServerError, file_digest
+from mlxr.shared.config import Settings, parse_host
+from mlxr.shared.errors import MlxrError
+from mlxr.supervisor.cli.client import ApiClient, CliError, ServerError
+from mlxr.supervisor.cli.run import RunCommand, pull_with_progress
 from mlxr.supervisor.cli.format import human_bytes, models_table, running_table, show_info
 from mlxr.supervisor.version import version
 
@@ -53,8 +53,28 @@ class _Group(click.Group):
             ctx.exit(1)
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """Ollama's `-v`: the server's version, and the client's when it differs (or when no
+    server answers)."""
+    if not value or ctx.resilient_parsing:
+        return
+    server, api = None, None
+    try:
+        with make_client() as client:
+            reply = client.request("GET", "/api/version").json()
+        server, api = reply.get("mlxr_version"), reply.get("version")
+    except CliError:
+        click.echo("Warning: could not connect to a running mlxr instance")
+    if server:
+        click.echo(f"mlxr version is {server}" + (f" (Ollama API {api})" if api else ""))
+    if server != version():
+        click.echo(f"Warning: client version is {version()}")
+    ctx.exit(0)
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(version=version(), prog_name="mlxr", message="%(prog)s %(version)s")
+@click.option("-v", "--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_version, help="Show version information")
 def main() -> None:
     """An Ollama-compatible LLM server on MLX."""
 
@@ -218,58 +238,55 @@ def _ensure_model(store, request) -> None:
 
 # -- client commands -------------------------------------------------------------------------
 
-THINK_LEVELS = {"true": True, "false": False, "high": "high", "medium": "medium", "low": "low"}
-
-
-def _response_format(value: str | None) -> Any:
-    if not value:
-        return None
-    if value == "json":
-        return "json"
-    try:
-        return json.loads(value)
-    except ValueError:
-        raise CliError(f'invalid format "{value}": use "json" or a JSON schema') from None
-
 
 def _stdin_prompt() -> str | None:
     """What is piped to stdin (None when stdin is a terminal)."""
     return None if sys.stdin.isatty() else sys.stdin.read()
 
 
-@main.command()
+@main.command(cls=RunCommand)
 @click.argument("model")
 @click.argument("prompt", nargs=-1)
-@click.option("--verbose", is_flag=True, help="Show timings for response")
-@click.option("--format", "format_", metavar="FORMAT", help="Response format (e.g. json)")
 @click.option("--keepalive", metavar="DURATION", help="Duration to keep a model loaded (e.g. 5m)")
-@click.option("--think", is_flag=False, flag_value="true", default=None, metavar="[LEVEL]",
-              help="Enable thinking: --think, --think=false or --think=high|medium|low")
-@click.option("--hidethinking", is_flag=True, help="Hide thinking output (if provided)")
+@click.option("--verbose", is_flag=True, help="Show timings for response")
+@click.option("--insecure", is_flag=True, help="Use an insecure registry")
 @click.option("--nowordwrap", is_flag=True,
-              help="Don't wrap words to the next line (accepted; replies are never wrapped)")
-def run(model, prompt, verbose, format_, keepalive, think, hidethinking, nowordwrap) -> None:
-    """Run a model: answer PROMPT (or stdin) once, or chat when neither is given."""
+              help="Don't wrap words to the next line automatically")
+@click.option("--format", "format_", metavar="FORMAT", help="Response format (e.g. json)")
+@click.option("--think", metavar="[=LEVEL]", help="Enable thinking mode: true/false or "
+              "high/medium/low for supported models (--think alone: true)")
+@click.option("--hidethinking", is_flag=True, help="Hide thinking output (if provided)")
+@click.option("--truncate", metavar="[=BOOL]", help="For embedding models: truncate inputs "
+              "exceeding context length (default: true). Set --truncate=false to error instead")
+@click.option("--dimensions", type=int, default=0, help="Truncate output embeddings to "
+              "specified dimension (embedding models only)")
+def run(model, prompt, keepalive, verbose, insecure, nowordwrap, format_, think, hidethinking,
+        truncate, dimensions) -> None:
+    """Run a model: answer PROMPT (or stdin) once, or chat when neither is given. A model
+    that is not here is pulled first."""
     from mlxr.supervisor.cli.chat import RunOptions, interactive, run_once
+    from mlxr.supervisor.cli.run import (infer_think, keep_alive_value, print_embedding,
+                                         response_format, show_or_pull, think_value,
+                                         truncate_value)
 
-    if think is not None and think not in THINK_LEVELS:
-        prompt = (think, *prompt)  # `--think WORD...`: the word began the prompt
-        think = "true"
-    if keepalive is not None:
-        try:
-            parse_duration(keepalive)
-        except InvalidRequest as err:
-            raise CliError(err.message) from None
+    explicit_think, truncate = think_value(think), truncate_value(truncate)
+    keepalive = keep_alive_value(keepalive)
+    fmt = response_format(format_)
     parts = list(prompt)
     piped = _stdin_prompt()
     if piped:
         parts.insert(0, piped)
     chat = piped is None and not parts and sys.stdout.isatty()
-    opts = RunOptions(model, prompt=" ".join(parts), format=_response_format(format_),
-                      keep_alive=keepalive, think=THINK_LEVELS.get(think or ""),
-                      hide_thinking=hidethinking, verbose=verbose)
     with make_client() as client:
-        info = client.show(model)  # a missing model: "model "x" not found, try pulling it first"
+        info = show_or_pull(client, model, insecure)
+        capabilities = info.get("capabilities") or []
+        if "embedding" in capabilities:
+            print_embedding(client, model, " ".join(parts), keepalive, truncate, dimensions)
+            return
+        opts = RunOptions(model, prompt=" ".join(parts), format=fmt, keep_alive=keepalive,
+                          think=infer_think(explicit_think, capabilities),
+                          hide_thinking=hidethinking, verbose=verbose,
+                          word_wrap=not nowordwrap)
         if chat:
             interactive(client, opts, info)
         else:
@@ -328,11 +345,8 @@ def show(model, verbose, **flags) -> None:
 @click.option("--insecure", is_flag=True, help="Use an insecure registry")
 def pull(name, insecure) -> None:
     """Pull a model from a registry."""
-    from mlxr.supervisor.cli.progress import Progress
-
-    with make_client() as client, Progress() as progress:
-        for item in client.pull(name, insecure):
-            progress.handle(item, "pulling", skip_empty=True)
+    with make_client() as client:
+        pull_with_progress(client, name, insecure)
 
 
 @main.command()
@@ -348,93 +362,12 @@ def push(name, insecure) -> None:
     click.echo(f"\nYou can find your model at:\n\n\t{name}\n")
 
 
-def _local_files(source: str, base: Path) -> dict[str, Path] | None:
-    """The model files of a local directory or GGUF file FROM names; None when it names a
-    model."""
-    from mlxr.supervisor.store.sources import select_files
-
-    path = Path(source).expanduser()
-    path = path if path.is_absolute() else base / path
-    if path.is_dir():
-        try:
-            return select_files(path)
-        except InvalidRequest as err:
-            raise CliError(err.message) from None
-    if path.is_file():
-        from mlxr.supervisor.store.gguf.convert import is_gguf
-
-        if is_gguf(path):  # uploaded as one blob, as Ollama's CLI does
-            return {path.name if path.name.endswith(".gguf") else "model.gguf": path}
-        raise CliError(f'"{source}" is neither a GGUF file nor a directory with '
-                       "config.json and .safetensors files")
-    if source.startswith(("/", "./", "../", "~")):
-        raise CliError(f'no such directory "{source}"')
-    return None
-
-
-def create_request(name: str, modelfile: str | None = None, from_: str | None = None,
-                   preset: str | None = None, seed: int = 0, quantize: str | None = None,
-                   cwd: Path | None = None) -> tuple[dict[str, Any], dict[str, Path]]:
-    """Ollama's JSON create body from a Modelfile and flags, and the local files to upload
-    (blob digests go into `files` once uploaded). --from / --random replace FROM."""
-    from mlxr.supervisor.store.modelfile import parse_modelfile
-
-    cwd = cwd or Path.cwd()
-    path = Path(modelfile).expanduser() if modelfile else Path("Modelfile")
-    path = path if path.is_absolute() else cwd / path
-    if path.is_file():
-        text = path.read_text(encoding="utf-8")
-    elif modelfile:
-        raise CliError("specified Modelfile wasn't found")
-    else:
-        text = "FROM .\n"  # Ollama's default: the current directory is the model
-    override = from_ is not None or preset is not None
-    try:  # a last FROM wins, so an override keeps the Modelfile's line numbers in errors
-        parsed = parse_modelfile(text + "\nFROM -\n" if override else text)
-    except InvalidRequest as err:
-        raise CliError(err.message) from None
-    body: dict[str, Any] = {"model": name}
-    files: dict[str, Path] = {}
-    if preset is not None:
-        body["random"] = {"preset": preset, "seed": seed}
-    else:
-        source = from_ if from_ is not None else parsed.from_
-        found = _local_files(source, cwd if from_ is not None else path.parent)
-        if found is None:
-            body["from"] = source
-        else:
-            files = found
-    for key, value in (("template", parsed.template), ("system", parsed.system),
-                       ("license", parsed.license), ("parameters", parsed.parameters),
-                       ("messages", parsed.messages), ("quantize", quantize)):
-        if value:
-            body[key] = value
-    return body, files
-
-
-def _upload(client: ApiClient, progress: Any, path: Path, digest: str) -> None:
-    """Ollama's `copying file sha256:... N%` line; the bytes go only when the server lacks
-    the blob."""
-    key, size = f"copy {digest}", max(path.stat().st_size, 1)
-    progress.status(f"copying file {digest} 0%", key=key)
-    sent = 0
-
-    def on_bytes(n: int) -> None:
-        nonlocal sent
-        sent += n
-        progress.status(f"copying file {digest} {100 * sent // size}%", key=key)
-
-    if not client.has_blob(digest):
-        client.upload_blob(digest, path, on_bytes)
-    progress.status(f"copying file {digest} 100%", key=key)
-    progress.finish(key)
-
-
 @main.command()
 @click.argument("name")
 @click.option("-f", "--file", "modelfile", metavar="PATH",
               help='Name of the Modelfile (default "Modelfile")')
-@click.option("-q", "--quantize", metavar="LEVEL", help="Quantize model to this level (q4, q8)")
+@click.option("-q", "--quantize", metavar="LEVEL",
+              help="Quantize model to this level (e.g. q4_K_M, q8_0, int4; MLX 4/5/6/8-bit)")
 @click.option("--from", "from_", metavar="DIR|FILE.gguf|MODEL",
               help="Build on a local model directory, a GGUF file or a model (instead of FROM)")
 @click.option("--random", "preset", metavar="PRESET|ARCH",
@@ -446,20 +379,14 @@ def _upload(client: ApiClient, progress: Any, path: Path, digest: str) -> None:
               show_default=True, help="Weight type for --random")
 def create(name, modelfile, quantize, from_, preset, seed, dtype) -> None:
     """Create a model from a Modelfile, a directory, a GGUF file or a random preset."""
+    from mlxr.supervisor.cli.create import create_request, send_create
     from mlxr.supervisor.cli.progress import Progress
 
-    body, files = create_request(name, modelfile, from_, preset, seed, quantize)
+    body, files, adapters = create_request(name, modelfile, from_, preset, seed, quantize)
     if preset is not None and dtype != "float32":
         body["random"]["dtype"] = dtype
     with make_client() as client, Progress() as progress:
-        progress.status("gathering model components")
-        digests = {file_name: file_digest(path) for file_name, path in files.items()}
-        for file_name, path in files.items():
-            _upload(client, progress, path, digests[file_name])
-        if digests:
-            body["files"] = digests
-        for item in client.create(body):
-            progress.handle(item)
+        send_create(client, progress, body, files, adapters)
 
 
 @main.command()

@@ -12,7 +12,9 @@ from typing import Any
 
 from mlxr.shared.errors import InvalidRequest
 from mlxr.shared.protocol import Options
+from mlxr.supervisor.inference.options import check_options
 from mlxr.supervisor.inference.prompt import Renderer, renderer_for
+from mlxr.supervisor.inference.truncate import fit_messages
 from mlxr.supervisor.inference.tool_calls import (ForcedCallParser, OutputParser, ThinkingParser,
                                                   forced_call_schema, tool_parser_for)
 from mlxr.supervisor.inference.types import ChatRequest, GenerateRequest
@@ -31,6 +33,9 @@ class Prepared:
     context: list[int] = field(default_factory=list)
     want_context: bool = False
     format: Any = None
+    # With thinking on, the text that ends the thinking section: the runner holds the output
+    # to `format` only after it (Ollama: think first, then the constrained answer).
+    format_after: str | None = None
 
 
 def prepare_chat(req: ChatRequest, record: Any, store: Any, context_length: int) -> Prepared:
@@ -41,16 +46,25 @@ def prepare_chat(req: ChatRequest, record: Any, store: Any, context_length: int)
     if req.force_call is not None:
         # The reply is the call, not a message, so a response format has nothing to shape.
         fmt = forced_call_schema(req.tools, req.force_call)
-    think = resolve_think(req.model, caps, req.think, constrained=fmt is not None)
+    think = resolve_think(req.model, caps, req.think)
+    if req.force_call is not None and "thinking" in caps:
+        # A forced call (mlxr's tool_choice; Ollama has none) must be the reply whatever the
+        # model would think: it is constrained from the first token, with thinking off.
+        think = False
     messages = list(record.messages or []) + list(req.messages)
     if record.system and req.messages[0].get("role") != "system":
         messages.insert(0, {"role": "system", "content": record.system})
     runner_dir = store.runner_dir(record)
     renderer = renderer_for(runner_dir, record.template, tools=bool(req.tools))
-    prompt = renderer.chat(messages, req.tools or None, think)
+    options = merge_options(record, req.options, context_length)
+    render = lambda msgs: renderer.chat(msgs, req.tools or None, think)  # noqa: E731
+    if req.truncate:
+        messages = fit_messages(messages, render, options.num_ctx or context_length,
+                                runner_dir, renderer.add_special)
+    prompt = render(messages)
     parser = output_parser(renderer, prompt, think, _tool_parser(req, renderer, fmt))
-    return Prepared(record, runner_dir, prompt, merge_options(record, req.options, context_length),
-                    parser, format=fmt)
+    return Prepared(record, runner_dir, prompt, options, parser, format=fmt,
+                    format_after=_format_after(renderer, prompt, think, fmt))
 
 
 def prepare_generate(req: GenerateRequest, record: Any, store: Any,
@@ -61,7 +75,7 @@ def prepare_generate(req: GenerateRequest, record: Any, store: Any,
     caps = capabilities(record)
     check_capabilities(req.model, caps, "generate", images=bool(req.images))
     fmt = wire_format(req.format)
-    think = resolve_think(req.model, caps, req.think, constrained=fmt is not None)
+    think = resolve_think(req.model, caps, req.think)
     if not req.prompt:
         return None
     runner_dir = store.runner_dir(record)
@@ -81,10 +95,12 @@ def prepare_generate(req: GenerateRequest, record: Any, store: Any,
             messages += list(record.messages or [])
         messages.append({"role": "user", "content": req.prompt})
         prompt, add_special = renderer.chat(messages, None, think), renderer.add_special
+    think = think and not req.raw
     return Prepared(record, runner_dir, prompt, merge_options(record, req.options, context_length),
-                    output_parser(renderer, prompt, think and not req.raw),
+                    output_parser(renderer, prompt, think),
                     add_special=add_special, context=list(req.context or []),
-                    want_context=not req.raw, format=fmt)
+                    want_context=not req.raw, format=fmt,
+                    format_after=_format_after(renderer, prompt, think, fmt))
 
 
 def merge_options(record: Any, request_options: dict[str, Any] | None,
@@ -92,7 +108,7 @@ def merge_options(record: Any, request_options: dict[str, Any] | None,
     """The Modelfile's parameters overridden by the request's options; `context_length`
     (the server's default) when neither sets num_ctx."""
     merged = {**(record.params or {}), **(request_options or {})}
-    options = Options.from_dict(merged)
+    options = Options.from_dict(check_options(merged))
     if not options.num_ctx or options.num_ctx <= 0:
         options.num_ctx = context_length
     return options
@@ -126,22 +142,25 @@ def check_capabilities(model: str, caps: list[str], verb: str, *, tools: bool = 
         raise InvalidRequest(f'"{model}" does not support images')
 
 
-def resolve_think(model: str, caps: list[str], think: bool | str | None,
-                  constrained: bool = False) -> bool | None:
-    """Ollama's rule: thinking models think unless told not to; others refuse `think`.
+def resolve_think(model: str, caps: list[str], think: bool | str | None) -> bool | str | None:
+    """Ollama's rule: thinking models think unless told not to (None becomes True); others
+    refuse a `think` that turns thinking on. A level ("low" ... "max") is kept: it means on,
+    and reaches the templates (.ThinkLevel, `reasoning_effort`).
 
-    A constrained request (a `format`, a forced tool call) never thinks: the runner's
-    grammar applies from the first generated token, so a thinking block could not be
-    written before the document. The prompt is rendered with thinking off, and an explicit
-    `think: true` with a format is served the same way rather than refused, so clients
-    that always send `think` keep working; the reply then has no `thinking`."""
-    if isinstance(think, str):
-        think = think.lower() not in ("", "false", "none")
+    A constrained request (a `format`, a forced tool call) thinks too, as in Ollama: the
+    runner starts the grammar only after the thinking section (`Prepared.format_after`)."""
     if "thinking" in caps:
-        return False if constrained else True if think is None else bool(think)
+        return True if think is None else think
     if think:
         raise InvalidRequest(f'"{model}" does not support thinking')
     return think
+
+
+def _format_after(renderer: Renderer, prompt: str, think: Any, fmt: Any) -> str | None:
+    """The end-of-thinking tag when the output starts with a thinking section to leave free."""
+    if fmt is None or not think or not renderer.thinking_tags:
+        return None
+    return renderer.thinking_tags[1]
 
 
 def output_parser(renderer: Renderer, prompt: str, think: bool | None,

@@ -84,18 +84,26 @@ class JinjaRenderer:
         self.thinking_tags = thinking_tags_for(source)
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
-             think: bool | None = None) -> str:
+             think: bool | str | None = None) -> str:
+        """A chat ending with a non-empty assistant message is continued: the prompt stops
+        right after that message's text (transformers' `continue_final_message`)."""
         kwargs: dict[str, Any] = dict(self._special)
         if think is not None:
             kwargs["enable_thinking"] = bool(think)
+        if isinstance(think, str):
+            kwargs["reasoning_effort"] = think
+        last = messages[-1] if messages else {}
+        tail = last.get("content") or "" if last.get("role") == "assistant" else ""
         try:
-            return self._template.render(messages=[to_hf_message(m) for m in messages],
-                                         tools=tools or None, add_generation_prompt=True,
+            text = self._template.render(messages=[to_hf_message(m) for m in messages],
+                                         tools=tools or None, add_generation_prompt=not tail,
                                          **kwargs)
         except TemplateRenderError:
             raise
         except jinja2.TemplateError as exc:
             raise TemplateRenderError(f"chat template error: {exc}") from None
+        cut = text.rfind(tail.strip()) if tail.strip() else -1
+        return text[:cut + len(tail.strip())] if cut >= 0 else text
 
     def insert(self, prompt: str, suffix: str) -> str:
         raise AssertionError("checked by supports_insert")
@@ -113,9 +121,10 @@ class GoRenderer:
         self.thinking_tags = thinking_tags_for(source)
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
-             think: bool | None = None) -> str:
+             think: bool | str | None = None) -> str:
+        level = think if isinstance(think, str) else "medium" if think else ""
         return self._template.execute(messages, tools=tools, think=bool(think),
-                                      think_set=think is not None)
+                                      think_set=think is not None, think_level=level)
 
     def insert(self, prompt: str, suffix: str) -> str:
         return self._template.execute([], prompt=prompt, suffix=suffix)

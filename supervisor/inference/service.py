@@ -41,6 +41,33 @@ def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
+def _served_context(slot: Any) -> int:
+    """The context the runner serves: its num_ctx, capped (as the runner caps it) by the
+    model's own context length."""
+    config = getattr(slot.spec.info, "config", None) or {}
+    limit = config.get("context_length") if isinstance(config, dict) else None
+    if isinstance(limit, int) and limit > 0 and slot.context_length:
+        return min(slot.context_length, limit)
+    return slot.context_length
+
+
+def _load_ns(started: float, loaded: float) -> int:
+    """Ollama's load_duration: the time from the request to holding its runner (resolving,
+    preparing, loading if need be); never 0, so a client can tell it was measured."""
+    return max(1, _ns(loaded - started))
+
+
+def with_bytes(entries: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Logprob entries with Ollama's `bytes` (the token's UTF-8 bytes) on each token and
+    alternative."""
+    if not entries:
+        return entries
+    return [{**e, "bytes": list(e["token"].encode()),
+             **({"top_logprobs": [{**t, "bytes": list(t["token"].encode())}
+                                  for t in e["top_logprobs"]]} if e.get("top_logprobs") else {})}
+            for e in entries]
+
+
 def _context(prompt_tokens: list[int] | None, out_tokens: list[int]) -> list[int] | None:
     """A reply's `context`: none when the runner sent no prompt ids (an older runner)."""
     return None if prompt_tokens is None else prompt_tokens + out_tokens
@@ -103,9 +130,21 @@ class Service:
                 name=slot.name, model=slot.name, size=size, size_vram=size if vram else 0,
                 digest=slot.spec.digest, details=model_details(slot.spec.info),
                 expires_at=now_wall + dt.timedelta(seconds=left),
-                context_length=slot.context_length, blas=slot.blas))
+                context_length=_served_context(slot), blas=slot.blas))
         out.sort(key=lambda m: m.expires_at, reverse=True)
         return out
+
+    async def count_tokens(self, req: ChatRequest) -> int:
+        """The tokens of the prompt a chat request renders to, by the model runner's own
+        tokenizer: what `prompt_eval_count` reports when the same request runs."""
+        p = prepare_chat(req, await self.resolve(req.model), self.store,
+                         self.settings.context_length)
+        lease = await self.manager.acquire(self._spec(p.record, p.runner_dir, p.options),
+                                           self._keep_alive(req.keep_alive_s))
+        try:
+            return len(await lease.runner.tokenize(p.prompt, p.add_special))
+        finally:
+            self.manager.release(lease)
 
     async def embed(self, req: EmbedCall) -> EmbedResult:
         """Embeddings from an embedding model, or pooled from a language model (as Ollama
@@ -124,13 +163,14 @@ class Service:
             spec.estimate_bytes = int(memory.weights_bytes(runner_dir) * memory.WEIGHT_OVERHEAD)
             spec.kv_cache_bytes = spec.min_kv_bytes = 0
         lease = await self.manager.acquire(spec, self._keep_alive(req.keep_alive_s))
+        loaded = time.monotonic()
         try:
             reply = await lease.runner.embed(wire) if wire.input else EmbedResponse([])
         finally:
             self.manager.release(lease)
         self.metrics.observe_prompt(req.model, reply.prompt_eval_count)
         return EmbedResult(reply.embeddings, reply.prompt_eval_count,
-                           load_duration=_ns(lease.load_duration_s),
+                           load_duration=_load_ns(started, loaded),
                            total_duration=_ns(time.monotonic() - started))
 
     async def resolve(self, model: str) -> Any:
@@ -149,10 +189,12 @@ class Service:
                      logprobs: bool = False, top_logprobs: int = 0) -> Completion:
         spec = self._spec(p.record, p.runner_dir, p.options)
         lease = await self.manager.acquire(spec, keep_alive)
+        loaded = time.monotonic()  # Ollama's load_duration: from the request to its runner
         try:
             request = CompletionRequest(prompt=p.prompt, options=p.options,
                                         logprobs=logprobs or top_logprobs > 0,
-                                        top_logprobs=top_logprobs, format=p.format)
+                                        top_logprobs=top_logprobs, format=p.format,
+                                        format_after=p.format_after)
             if p.want_context or p.context:
                 # The reply's `context` is the prompt's ids and the output's; the runner
                 # returns the prompt's on its final chunk. The given context's ids go as
@@ -171,11 +213,13 @@ class Service:
             await stream.aclose()
             self.manager.release(lease)
 
-        events = self._events(lease, stream, p.parser, started, p.want_context)
+        events = self._events(lease, stream, p.parser, started, p.want_context,
+                              _load_ns(started, loaded))
         return Completion(model, events, cleanup)
 
     async def _events(self, lease: Lease, stream: Any, parser: OutputParser,
-                      started: float, want_context: bool) -> AsyncIterator[Delta | Final]:
+                      started: float, want_context: bool,
+                      load_duration: int) -> AsyncIterator[Delta | Final]:
         out_tokens: list[int] = []
         last = None
         model = lease.slot.name  # metric labels use the canonical name, not what was typed
@@ -188,7 +232,7 @@ class Service:
                     last = now
                 out_tokens += chunk.tokens
                 thinking, content, calls = parser.feed(chunk.content)
-                delta = Delta(content, thinking, calls, chunk.logprobs)
+                delta = Delta(content, thinking, calls, with_bytes(chunk.logprobs))
                 if not chunk.done:
                     if delta:
                         yield delta
@@ -209,7 +253,7 @@ class Service:
                     prompt_eval_cached_count=chunk.prompt_eval_cached_count,
                     prompt_eval_duration=chunk.prompt_eval_duration,
                     eval_count=chunk.eval_count, eval_duration=chunk.eval_duration,
-                    load_duration=_ns(lease.load_duration_s),
+                    load_duration=load_duration,
                     total_duration=_ns(time.monotonic() - started),
                     context=_context(chunk.prompt_tokens, out_tokens) if want_context else None)
                 return
@@ -227,7 +271,7 @@ class Service:
         lease = await self.manager.acquire(spec, keep_alive)
         self.manager.release(lease)
         return Completion(model, _single(Final(
-            "load", load_duration=_ns(lease.load_duration_s),
+            "load", load_duration=_load_ns(started, time.monotonic()),
             total_duration=_ns(time.monotonic() - started))))
 
     # -- helpers -------------------------------------------------------------------------

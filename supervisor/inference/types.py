@@ -16,6 +16,8 @@ class ChatRequest:
     model: str
     messages: list[dict[str, Any]]  # Ollama's shape: role, content, images, tool_calls, ...
     tools: list[dict[str, Any]] = field(default_factory=list)
+    # Ollama's think value: None (the model's default: thinking models think), True, False,
+    # or a level "low" | "medium" | "high" | "max" (thinking on, at that effort).
     think: bool | str | None = None
     format: Any = None  # "json" or a JSON schema object; None or "" for free text
     options: dict[str, Any] = field(default_factory=dict)
@@ -23,6 +25,9 @@ class ChatRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     force_call: ForcedCall | None = None  # the reply must be a call to one of `tools`
+    # Ollama's `truncate`: an over-long chat drops its oldest turns (system messages and the
+    # last user turn stay) to fit num_ctx; False keeps the whole chat (a 400 if too long).
+    truncate: bool = True
 
 
 @dataclass(slots=True)

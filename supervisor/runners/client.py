@@ -212,6 +212,12 @@ class RunnerClient:
     async def embed(self, request: EmbedRequest) -> EmbedResponse:
         return EmbedResponse.from_dict(await self._post_json("/v1/embeddings", request.to_dict()))
 
+    async def tokenize(self, text: str, add_special: bool) -> list[int]:
+        """The model's token ids for `text` (the runner's /v1/tokenize)."""
+        reply = await self._post_json("/v1/tokenize", {"content": text,
+                                                       "add_special": add_special})
+        return list(reply["tokens"])
+
     async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
             async with self.http.post(path, data=orjson.dumps(body),

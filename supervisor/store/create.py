@@ -1,10 +1,12 @@
 """`create`: a model from a directory, uploaded blobs, an existing model or a random preset,
-with optional quantization, template, system prompt, parameters, license and messages.
+with optional quantization, a LoRA adapter, template, system prompt, parameters, license and
+messages.
 
 `create_model` is an async generator of progress dicts. It validates everything it can
 before its first item, so a caller that awaits the first item turns bad input into a 400/404
 rather than a broken stream. Blobs are pinned from the moment they are known until the
-manifest is written (see store.py).
+manifest is written (see store.py). A model's adapter is stored (adapters.py) or the create
+fails: an adapter is never dropped, and one inherited from a base model is kept.
 """
 
 from __future__ import annotations
@@ -22,113 +24,22 @@ from typing import Any, AsyncIterator
 
 from mlxr.shared.errors import InvalidRequest, MlxrError
 
+from . import adapters as lora
 from . import manifest as mf
 from . import quantize as quantize_script
 from .blobs import digest_ref, parse_digest
 from .config_blob import make_config_blob, make_gguf_config_blob, random_label
 from .conversions import converting
+from .create_request import CreateRequest, RandomSpec  # noqa: F401  (RandomSpec: re-exported)
 from .gguf.convert import GgufSummary, check_supported, is_gguf
 from .manifest import Layer, Manifest
-from .modelfile import normalize_parameters, parse_modelfile
 from .names import ModelName, parse_name
-from .random_model import ARCH_NAMES, DTYPES, PRESETS, write_random_model
-from .sources import check_file_name, media_type_for, select_files
+from .quantize import QuantChoice, parse_quantize
+from .random_model import write_random_model
+from .sources import media_type_for, select_files
 from .store import ModelRecord, Store
 
-QUANT_BITS = {"q4": 4, "q8": 8}
 _DTYPE_LABELS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
-
-
-@dataclass(slots=True)
-class RandomSpec:
-    preset: str = "tiny"  # a size preset (tiny, small, medium) or an architecture (llama, ...)
-    seed: int = 0
-    dtype: str = "float32"
-
-
-@dataclass(slots=True)
-class CreateRequest:
-    model: str
-    from_: str | None = None
-    files: dict[str, str] = field(default_factory=dict)
-    template: str | None = None
-    system: str | None = None
-    license: list[str] | None = None
-    parameters: dict[str, Any] | None = None
-    messages: list[dict[str, Any]] | None = None
-    quantize: str | None = None
-    random: RandomSpec | None = None
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any]) -> "CreateRequest":
-        """Ollama's /api/create body (plus `random`); `modelfile` (the older form) is parsed."""
-        def text(key: str) -> str | None:
-            v = body.get(key)
-            if v is not None and not isinstance(v, str):
-                raise InvalidRequest(f"{key} must be a string")
-            return v or None
-
-        model = text("model") or text("name")
-        if not model:
-            raise InvalidRequest("model is required")
-        req = cls(model=model, from_=text("from"), template=text("template"),
-                  system=text("system"), quantize=text("quantize"))
-        files = body.get("files") or {}
-        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
-            raise InvalidRequest('files must be an object of file name -> "sha256:<hex>"')
-        req.files = {check_file_name(k): v for k, v in files.items()}
-        lic = body.get("license")
-        if lic is not None:
-            lic = [lic] if isinstance(lic, str) else lic
-            if not isinstance(lic, list) or not all(isinstance(x, str) for x in lic):
-                raise InvalidRequest("license must be a string or a list of strings")
-            req.license = lic
-        if body.get("parameters") is not None:
-            req.parameters = normalize_parameters(body["parameters"])
-        if body.get("messages") is not None:
-            req.messages = _check_messages(body["messages"])
-        if body.get("random") is not None:
-            req.random = _random_spec(body["random"])
-        if body.get("modelfile"):
-            _merge_modelfile(req, text("modelfile") or "")
-        return req
-
-
-def _check_messages(messages: Any) -> list[dict[str, Any]]:
-    if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str)
-            and isinstance(m.get("content", ""), str) for m in messages):
-        raise InvalidRequest("messages must be a list of {role, content} objects")
-    return [{"role": m["role"], "content": m.get("content", "")} for m in messages]
-
-
-def _random_spec(value: Any) -> RandomSpec:
-    if value is True:
-        return RandomSpec()
-    if not isinstance(value, dict):
-        raise InvalidRequest('random must be an object like {"preset": "tiny", "seed": 0}')
-    preset, seed = value.get("preset", "tiny"), value.get("seed", 0)
-    dtype = value.get("dtype", "float32")
-    if preset not in PRESETS:
-        raise InvalidRequest(f'unknown random preset "{preset}"; choose a size ('
-                             + ", ".join(p for p in PRESETS if p not in ARCH_NAMES)
-                             + ") or an architecture (" + ", ".join(ARCH_NAMES) + ")")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise InvalidRequest("random.seed must be a non-negative integer")
-    if dtype not in DTYPES:
-        raise InvalidRequest(f'unknown random dtype "{dtype}"; choose one of '
-                             + ", ".join(DTYPES))
-    return RandomSpec(preset, seed, dtype)
-
-
-def _merge_modelfile(req: CreateRequest, text: str) -> None:
-    parsed = parse_modelfile(text)
-    req.from_ = req.from_ or parsed.from_
-    req.template = req.template or parsed.template
-    req.system = req.system or parsed.system
-    req.license = req.license or (parsed.license or None)
-    req.parameters = {**parsed.parameters, **(req.parameters or {})} or None
-    req.messages = req.messages or (parsed.messages or None)
 
 
 def _looks_like_path(text: str) -> bool:
@@ -143,20 +54,20 @@ class _Plan:
     directory: Path | None = None  # creating from a local directory
     blob_files: dict[str, Layer] = field(default_factory=dict)  # files already in the store
     random: RandomSpec | None = None
-    bits: int | None = None
+    quant: QuantChoice | None = None
     owned: bool = False  # the directory's files may be moved into blobs
     gguf_file: Path | None = None  # a local GGUF file to store as the model layer
     gguf: Layer | None = None  # the GGUF model layer, once it is a blob
     gguf_summary: GgufSummary | None = None
+    adapter: lora.Adapter | None = None  # a new adapter, to store
+    adapter_checked: bool = False  # checked against the base model's weights
+    adapter_layers: list[Layer] = field(default_factory=list)  # stored (or inherited) ones
 
 
 def _prepare(store: Store, req: CreateRequest) -> _Plan:
     plan = _Plan(parse_name(req.model), random=req.random)
     if req.quantize is not None:
-        plan.bits = QUANT_BITS.get(req.quantize.lower())
-        if plan.bits is None:
-            raise InvalidRequest(f'unsupported quantization type "{req.quantize}": use "q4" or '
-                                 '"q8" (MLX affine quantization, group size 64)')
+        plan.quant = parse_quantize(req.quantize)
     sources = sum(x is not None and x != {} for x in (req.from_, req.files or None, req.random))
     if sources == 0:
         raise InvalidRequest("neither 'from', 'files' nor 'random' was specified")
@@ -195,12 +106,63 @@ def _prepare(store: Store, req: CreateRequest) -> _Plan:
         elif not layers:
             raise InvalidRequest(f'model "{req.from_}" has no model files to build on')
         plan.blob_files = {x.name: x for x in layers}
-    if plan.bits and (plan.gguf or plan.gguf_file):
+        plan.adapter_layers = m.adapters()
+    _prepare_adapter(store, req, plan)
+    if plan.quant and (plan.gguf or plan.gguf_file):
         raise InvalidRequest("quantizing a GGUF model is not supported: its tensors keep the "
                              "quantization they have")
-    if plan.bits and _already_quantized(store, plan):
+    if plan.quant and _already_quantized(store, plan):
         raise InvalidRequest("model is already quantized")
     return plan
+
+
+def _prepare_adapter(store: Store, req: CreateRequest, plan: _Plan) -> None:
+    """Read and check a new adapter now, against the base's weights when they are known."""
+    if req.adapters:
+        files = {}
+        for file_name, ref in req.adapters.items():
+            hex_digest = parse_digest(ref)
+            if not store.blobs.exists(hex_digest):
+                raise InvalidRequest(f'blob {ref} for adapter file "{file_name}" not found: '
+                                     "upload it with POST /api/blobs/<digest> first")
+            files[file_name] = store.blobs.path(hex_digest)
+    elif req.adapter_path:
+        files = lora.adapter_files(Path(os.path.expanduser(req.adapter_path)))
+    else:
+        return
+    if plan.gguf is not None or plan.gguf_file is not None:
+        raise InvalidRequest("adapters on a GGUF model are not supported: create the base "
+                             "model from safetensors weights")
+    if plan.adapter_layers:
+        raise InvalidRequest(f'model "{req.from_}" already has an adapter: only one adapter '
+                             "is supported")
+    plan.adapter = lora.read_adapter(files)
+    base = {n: store.blobs.path(x.hex) for n, x in plan.blob_files.items()} or \
+        (select_files(plan.directory) if plan.directory else None)
+    if base:
+        lora.check_base(plan.adapter, base)
+        plan.adapter_checked = True
+
+
+async def _store_adapter(store: Store, plan: _Plan, work: Path,
+                         pin) -> AsyncIterator[dict[str, Any]]:
+    """Convert the new adapter to mlx-lm's format and make its two layers."""
+    yield {"status": "converting adapter"}
+    if not plan.adapter_checked:  # a random base: its weights exist only now
+        lora.check_base(plan.adapter, {n: store.blobs.path(x.hex)
+                                       for n, x in plan.blob_files.items()})
+    weights = await asyncio.to_thread(lora.write_weights, plan.adapter,
+                                      work / "adapter" / lora.ADAPTER_WEIGHTS)
+    config = plan.adapter.config_bytes()
+    pin(hashlib.sha256(config).hexdigest())
+    config_hex, _ = await asyncio.to_thread(store.blobs.add_bytes, config)
+    hex_digest, size, created = await asyncio.to_thread(store.blobs.add_file, weights, True)
+    pin(hex_digest)
+    plan.adapter_layers = [
+        Layer(mf.MEDIA_ADAPTER, digest_ref(hex_digest), size, name=lora.ADAPTER_WEIGHTS),
+        Layer(mf.MEDIA_ADAPTER, digest_ref(config_hex), len(config), name=lora.ADAPTER_CONFIG)]
+    verb = "creating new layer" if created else "using existing layer"
+    yield {"status": f"{verb} {digest_ref(hex_digest)}"}
 
 
 def _is_gguf_name(file_name: str) -> bool:
@@ -259,7 +221,7 @@ async def create_model(store: Store, req: CreateRequest, *,
         store.pin(hex_digest)
         pins.append(hex_digest)
 
-    for layer in plan.blob_files.values():
+    for layer in [*plan.blob_files.values(), *plan.adapter_layers]:
         pin(layer.hex)
     if plan.gguf is not None:
         pin(plan.gguf.hex)
@@ -270,8 +232,11 @@ async def create_model(store: Store, req: CreateRequest, *,
         if files is not None:
             async for status in _ingest(store, files, owned, plan.blob_files, pin):
                 yield status
-        if plan.bits:
+        if plan.quant:
             async for status in _quantize(store, plan, work, pin):
+                yield status
+        if plan.adapter is not None:
+            async for status in _store_adapter(store, plan, work, pin):
                 yield status
         if plan.gguf_file is not None:
             hex_digest, size, created = await asyncio.to_thread(store.blobs.add_file,
@@ -286,6 +251,7 @@ async def create_model(store: Store, req: CreateRequest, *,
         layers = [plan.blob_files[n] for n in sorted(plan.blob_files)]  # deterministic
         if plan.gguf is not None:
             layers = [plan.gguf]
+        layers += plan.adapter_layers
         meta = await asyncio.to_thread(_metadata_layers, store, plan.base, req, pin)
         for layer in meta:
             pin(layer.hex)  # inherited layers
@@ -347,11 +313,11 @@ async def _quantize(store: Store, plan: _Plan, work: Path, pin) -> AsyncIterator
         raise InvalidRequest("model is already quantized")
     total = sum(x.size for x in plan.blob_files.values() if x.name.endswith(".safetensors"))
     dtype = _DTYPE_LABELS.get(str(config.get("torch_dtype")), "float")
-    status = f"quantizing {dtype} model to Q{plan.bits}"
+    status = f"quantizing {dtype} model to {plan.quant.describe()}"
     yield {"status": status, "digest": "0", "total": total, "completed": 0}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, quantize_script.__file__, str(src), str(dst), str(plan.bits),
-        str(quantize_script.DEFAULT_GROUP_SIZE),
+        sys.executable, quantize_script.__file__, str(src), str(dst), str(plan.quant.bits),
+        str(plan.quant.group_size),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     try:
         _, err = await proc.communicate()

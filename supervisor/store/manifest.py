@@ -21,6 +21,10 @@ MEDIA_SYSTEM = "application/vnd.ollama.image.system"
 MEDIA_PARAMS = "application/vnd.ollama.image.params"
 MEDIA_LICENSE = "application/vnd.ollama.image.license"
 MEDIA_MESSAGES = "application/vnd.ollama.image.messages"
+# A LoRA adapter applied on top of the model's weights at load. Ollama's adapter layer is one
+# GGUF file; ours are two named files in mlx-lm's adapter format (adapters.safetensors and
+# adapter_config.json), linked into the runner directory (store.py) and applied by the runner.
+MEDIA_ADAPTER = "application/vnd.ollama.image.adapter"
 # Layers that describe the model rather than hold its files; `create` replaces them.
 METADATA_MEDIA = (MEDIA_TEMPLATE, MEDIA_SYSTEM, MEDIA_PARAMS, MEDIA_LICENSE, MEDIA_MESSAGES)
 
@@ -108,6 +112,10 @@ class Manifest:
     def gguf(self) -> Layer | None:
         """The GGUF weights layer of a model in Ollama's own format, if any."""
         return self.first(MEDIA_MODEL)
+
+    def adapters(self) -> list[Layer]:
+        """The adapter layers (named files of one LoRA adapter), if any."""
+        return [x for x in self.layers if x.media_type == MEDIA_ADAPTER]
 
     def files(self) -> list[Layer]:
         """The layers that are model files (tensor and json layers with a name)."""

@@ -106,7 +106,29 @@ def capabilities_for(config: Mapping[str, Any], template: str | None,
         caps.append("tools")
     if "<think>" in text or ".Think" in text:
         caps.append("thinking")
+    return with_template_capabilities(caps, text)
+
+
+def with_template_capabilities(caps: list[str], template: str | None) -> list[str]:
+    """`caps` plus what a Go TEMPLATE adds, as Ollama derives it: "insert" for a template
+    that uses .Suffix (fill-in-the-middle)."""
+    caps = list(caps)
+    if template and ".Suffix" in template and "completion" in caps and "insert" not in caps:
+        caps.append("insert")
     return caps
+
+
+def tensor_list(files: Mapping[str, Path]) -> list[dict[str, Any]]:
+    """Every tensor of the safetensors files: Ollama's /api/show `tensors` (name, type,
+    shape), in name order."""
+    out = []
+    for name in sorted(n for n in files if n.endswith(".safetensors")):
+        for tensor, meta in read_safetensors_header(files[name]).items():
+            if tensor != "__metadata__" and isinstance(meta, dict):
+                out.append({"name": tensor, "type": str(meta.get("dtype", "")),
+                            "shape": list(meta.get("shape", []))})
+    out.sort(key=lambda t: t["name"])
+    return out
 
 
 def describe(files: Mapping[str, Path], template: str | None = None) -> ModelDescription:

@@ -1,5 +1,5 @@
-"""Modelfiles: parse `FROM / PARAMETER / TEMPLATE / SYSTEM / LICENSE / MESSAGE`, type parameters
-as Ollama does, and render the text forms that `/api/show` returns."""
+"""Modelfiles: parse `FROM / PARAMETER / TEMPLATE / SYSTEM / LICENSE / MESSAGE / ADAPTER`, type
+parameters as Ollama does, and render the text forms that `/api/show` returns."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ class Modelfile:
     system: str | None = None
     license: list[str] = field(default_factory=list)
     messages: list[dict[str, str]] = field(default_factory=list)
+    adapter: str | None = None  # ADAPTER: a path (directory or file) to a LoRA adapter
 
 
 def parse_parameter(name: str, value: Any) -> Any:
@@ -144,8 +145,8 @@ def parse_modelfile(text: str) -> Modelfile:
                 raise InvalidRequest(f"Modelfile line {number}: message role must be one of "
                                      + ", ".join(f'"{r}"' for r in MESSAGE_ROLES))
             out.messages.append({"role": key, "content": value})
-        else:
-            raise InvalidRequest(f"Modelfile line {number}: ADAPTER is not supported")
+        else:  # adapter: one per model, as Ollama applies one; a later line wins
+            out.adapter = value
     if not out.from_:
         raise InvalidRequest("Modelfile has no FROM line")
     for key, values in raw_params.items():

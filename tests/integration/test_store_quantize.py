@@ -29,7 +29,7 @@ def store(tmp_path_factory) -> Store:
 
 def test_q4_from_a_model_loads_runs_and_reports_q4(store):
     progress = create(store, {"model": "tiny:q4", "from": "tiny", "quantize": "Q4"})
-    assert progress[1]["status"] == "quantizing F32 model to Q4"
+    assert progress[1]["status"] == "quantizing F32 model to Q4 (MLX 4-bit, group size 64)"
     assert progress[-1] == {"status": "success"}
     base, rec = store.resolve("tiny"), store.resolve("tiny:q4")
     assert rec.config["file_type"] == "Q4"

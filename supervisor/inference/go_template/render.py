@@ -4,7 +4,8 @@ Supported: text with `{{- -}}` trimming and `{{/* comments */}}`; fields (`.Syst
 `.Function.Name`, `.`), variables (`$`, `$x`, `$x := ...`, `$x = ...`, `range $i, $m := ...`);
 `if / else if / else / end`, `range ... else`, `with`, `break`, `continue`; pipelines with `|`
 and parentheses; string, raw-string, number, bool and nil literals; the functions and, or, not,
-eq, ne, lt, le, gt, ge, len, index, slice, print, printf, println, html, json and currentDate.
+eq, ne, lt, le, gt, ge, len, index, slice, print, printf, println, html, json, currentDate
+and yesterdayDate.
 Not supported (a TemplateError): define, template, block.
 
 Data is plain Python: the top level is a dict with Go field names ("Messages", "System"); below
@@ -24,7 +25,12 @@ from mlxr.supervisor.inference.go_template.parse import (Branch, Field, Ident, L
 
 
 class _Cut(Exception):
-    """Raised at `.Response` when rendering the last turn of a legacy template."""
+    """Raised at `.Response` when rendering the last turn of a legacy template; it carries the
+    response so far (a final assistant message the reply continues, as in Ollama)."""
+
+    def __init__(self, response: Any = ""):
+        super().__init__()
+        self.response = response
 
 
 class _Break(Exception):
@@ -131,7 +137,9 @@ FUNCS = {
     "printf": _printf,
     "html": lambda a: html.escape(go_str(a)),
     "json": go_json,
-    "currentDate": lambda: datetime.date.today().isoformat(),
+    # Ollama's date functions take (and ignore) a format argument.
+    "currentDate": lambda *_: datetime.date.today().isoformat(),
+    "yesterdayDate": lambda *_: (datetime.date.today() - datetime.timedelta(days=1)).isoformat(),
 }
 
 
@@ -253,7 +261,7 @@ class _Render:
             return node.value
         if isinstance(node, Field):
             if self.cut and node.chain and node.chain[0] == "Response":
-                raise _Cut
+                raise _Cut(self._chain(dot, node.chain))
             return self._chain(dot, node.chain)
         if isinstance(node, Var):
             return self._chain(self.scope.get(node.name), node.chain)
@@ -310,16 +318,18 @@ class GoTemplate:
         r = _Render(data, cut_at_response)
         try:
             r.nodes(self.nodes, data)
-        except _Cut:
-            pass
+        except _Cut as cut:
+            r.out.append(go_str(cut.response))
         except (_Break, _Continue):
             raise TemplateError("template: break or continue outside range") from None
         return "".join(r.out)
 
     def execute(self, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
                 prompt: str = "", suffix: str = "", think: bool = False,
-                think_set: bool = False) -> str:
-        base = {"Think": think, "IsThinkSet": think_set, "Response": ""}
+                think_set: bool = False, think_level: str = "") -> str:
+        """`think_level`: Ollama's .ThinkLevel, "medium" for a plain true, "" when off."""
+        base = {"Think": think, "ThinkLevel": think_level, "IsThinkSet": think_set,
+                "Response": ""}
         if prompt and suffix:
             return self.render({**base, "Prompt": prompt, "Suffix": suffix})
         system, collated = collate(messages)

@@ -27,7 +27,8 @@ def test_assistant_tool_calls_are_translated_back():
          "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]})
     assert m == {"role": "assistant", "content": "",
                  "tool_calls": [{"function": {"name": "get_weather",
-                                              "arguments": {"city": "Paris"}}}]}
+                                              "arguments": {"city": "Paris"}},
+                                 "id": "call_1"}]}
     out = oa.tool_calls_to_openai(m["tool_calls"])
     assert out[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert out[0]["type"] == "function" and out[0]["id"].startswith("call_")

@@ -175,14 +175,17 @@ def post(env, path: str, body: dict, stream: bool = False):
     return asyncio.run(main())
 
 
-def test_ollama_format_reaches_the_runner_and_turns_thinking_off(env):
+def test_ollama_format_with_thinking_constrains_only_after_the_thinking(env):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    for think in (None, True):  # an explicit think: true is served with thinking off too
+    for think in (None, True, "low"):  # Ollama: think first, then the constrained answer
         status, body = post(env, "/api/chat", {"model": "m", "messages": USER, "format": schema,
                                                "think": think})
-        assert status == 200 and "thinking" not in body["message"]
-        assert env.sent[-1].format == schema
-        assert env.sent[-1].prompt.endswith("<think>\n\n</think>\n\n")
+        assert status == 200
+        assert env.sent[-1].format == schema and env.sent[-1].format_after == "</think>"
+        assert env.sent[-1].prompt.endswith("<|im_start|>assistant\n")
+    post(env, "/api/chat", {"model": "m", "messages": USER, "format": schema, "think": False})
+    assert env.sent[-1].format_after is None  # thinking off: constrained from the first token
+    assert env.sent[-1].prompt.endswith("<think>\n\n</think>\n\n")
     post(env, "/api/generate", {"model": "m", "prompt": "hi", "format": "json"})
     assert env.sent[-1].format == "json"
     post(env, "/api/generate", {"model": "m", "prompt": "hi", "format": ""})
@@ -212,6 +215,7 @@ def test_openai_forced_call_not_streamed(env):
     sent = env.sent[-1]
     assert [a["properties"]["name"]["const"] for a in sent.format["anyOf"]] == [
         "get_weather", "get_time"]
+    assert sent.format_after is None  # a forced call is constrained from the first token
     assert sent.prompt.endswith("<think>\n\n</think>\n\n")
     [choice] = body["choices"]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == ""

@@ -219,7 +219,7 @@ def test_capability_and_input_checks(env):
         ({"model": "plain", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
          '"plain" does not support images'),
         ({"model": "plain", "messages": user, "options": {"temperature": "hot"}},
-         "option temperature must be a number"),
+         'option "temperature" must be of type float32'),
         ({"model": "plain", "messages": "hi"}, "messages must be a list"),
         ({"messages": user}, "model is required"),
     ]
