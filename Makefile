@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+# pytest workers for `make test` (pytest-xdist; each takes whole files, so module fixtures
+# such as a shared server are made once).
+TEST_WORKERS ?= 2
 
 .PHONY: install serve test test-unit test-mlx test-integration bench clean
 
@@ -27,7 +30,7 @@ serve: install
 # tests/mlx (MLX in the test process), tests/integration (real servers, runners, registry).
 test: $(STAMP)
 	@./scripts/system-deps.sh --test
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
@@ -38,7 +41,7 @@ test-mlx: $(STAMP)
 
 test-integration: $(STAMP)
 	@./scripts/system-deps.sh --test
-	$(BIN)/python -m pytest -q tests/integration
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/integration
 
 bench: install
 	$(BIN)/mlxr bench --model small --concurrency 1,8,16 --against mlx_lm
