@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxr.shared.errors import InvalidRequest
+from mlxr.supervisor.api.body import list_field
 from mlxr.supervisor.inference.tool_calls import ForcedCall
 from mlxr.supervisor.inference.types import ChatRequest
 
@@ -91,7 +92,7 @@ def _chat_request(body: dict[str, Any]) -> ChatRequest:
     names: dict[str, str] = {}  # tool_use id -> tool name, for the results that answer them
     for i, m in enumerate(raw):
         messages += message_to_ollama(m, i, names)
-    tools = [tool_to_ollama(t, i) for i, t in enumerate(_list(body, "tools"))]
+    tools = [tool_to_ollama(t, i) for i, t in enumerate(list_field(body, "tools"))]
     force = None
     choice = body.get("tool_choice")
     if choice is not None:
@@ -292,15 +293,6 @@ def output_config(value: Any) -> tuple[str | None, Any]:
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-def _list(body: dict[str, Any], key: str) -> list[Any]:
-    value = body.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise InvalidRequest(f"{key}: must be a list")
-    return value
-
 
 def _str(obj: dict[str, Any], key: str, at: str) -> str:
     value = obj.get(key)
