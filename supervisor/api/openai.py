@@ -1,6 +1,6 @@
 """OpenAI's /v1 routes: a second thin skin over the same service as the Ollama routes.
 
-Requests are parsed in body.py; `n` choices run concurrently in the runner's batch (a given
+Requests are parsed in openai_body.py; `n` choices run concurrently in the runner's batch (a given
 `seed` becomes seed + choice index, so choices differ but stay reproducible). Streams are
 server-sent events ending with `data: [DONE]`; an error after the stream began is sent as an
 event carrying OpenAI's error object (the official client raises it). Without `stream`, each
@@ -22,10 +22,11 @@ from aiohttp import web
 
 from mlxr.shared.errors import MlxrError, ModelNotFound
 from mlxr.shared.ndjson import dumps_line
-from mlxr.supervisor.api.body import (OpenAICommon, parse_openai_chat, parse_openai_completion,
-                                      parse_openai_embeddings, read_json)
+from mlxr.supervisor.api.body import read_json
 from mlxr.supervisor.api.keys import SERVICE, STORE
 from mlxr.supervisor.api.middleware import error_body
+from mlxr.supervisor.api.openai_body import (OpenAICommon, parse_openai_chat,
+                                             parse_openai_completion, parse_openai_embeddings)
 from mlxr.supervisor.inference.types import (ChatRequest, Completion, Delta, Final,
                                              GenerateRequest, Reply, fold)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mlxr.shared.errors import InvalidRequest
-from mlxr.supervisor.api.body import parse_chat, parse_openai_chat, think_field
+from mlxr.supervisor.api.body import parse_chat, think_field
+from mlxr.supervisor.api.openai_body import parse_openai_chat
 
 USER = [{"role": "user", "content": "x"}]
 

@@ -2,8 +2,8 @@ import pytest
 
 from mlxr.shared.errors import InvalidRequest
 from mlxr.supervisor.api import openai as oa
-from mlxr.supervisor.api.body import (message_to_ollama, parse_openai_chat, parse_openai_completion,
-                                      parse_response_format)
+from mlxr.supervisor.api.openai_body import (message_to_ollama, parse_openai_chat,
+                                             parse_openai_completion, parse_response_format)
 
 
 def test_chat_parameters_map_to_ollama_options():

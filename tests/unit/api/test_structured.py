@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from mlxr.shared.config import Settings
 from mlxr.shared.errors import InvalidRequest
 from mlxr.shared.protocol import Chunk
-from mlxr.supervisor.api.body import parse_openai_chat, parse_response_format
+from mlxr.supervisor.api.openai_body import parse_openai_chat, parse_response_format
 from mlxr.supervisor.app import make_app
 from mlxr.supervisor.inference.prepare import wire_format
 from mlxr.supervisor.inference.tool_calls import ForcedCall, ForcedCallParser, forced_call_schema
