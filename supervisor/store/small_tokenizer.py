@@ -28,6 +28,7 @@ from mlxr.shared.assets import QWEN3_DIR
 from mlxr.supervisor.store.gguf.tokenizer import (
     SPACE,
     added_token,
+    bpe_model,
     sentencepiece_merges,
     spm_decoder,
     spm_normalizer,
@@ -147,7 +148,7 @@ def _bpe_files(vocab_size: int) -> tuple[dict, dict, SmallTokenizer]:
         "pre_tokenizer": sections["pre_tokenizer"],
         "post_processor": sections["post_processor"],
         "decoder": sections["decoder"],
-        "model": _bpe_model({t: i for i, t in enumerate(head.tokens)}, head.merges),
+        "model": bpe_model({t: i for i, t in enumerate(head.tokens)}, head.merges),
     }
     info = SmallTokenizer(
         kind="bpe",
@@ -174,7 +175,7 @@ def _spm_files(vocab_size: int) -> tuple[dict, dict, SmallTokenizer]:
     pieces = _spm_pieces(num_pieces, taken=set(fixed) | set(SPM_CHAT_SPECIALS))
     tokens = [*fixed, *pieces, *SPM_CHAT_SPECIALS]
     vocab = {token: i for i, token in enumerate(tokens)}
-    model = _bpe_model(vocab, sentencepiece_merges(pieces))
+    model = bpe_model(vocab, sentencepiece_merges(pieces))
     model.update(unk_token="<unk>", fuse_unk=True, byte_fallback=True)
     specials = (*SPM_CONTROLS, *SPM_CHAT_SPECIALS)
     tokenizer_json = {
@@ -242,21 +243,6 @@ def _byte_level_text(token: str) -> str | None:
 
 
 # --- tokenizer.json and tokenizer_config.json pieces ---------------------------------------
-
-
-def _bpe_model(vocab: dict[str, int], merges) -> dict:
-    return {
-        "type": "BPE",
-        "dropout": None,
-        "unk_token": None,
-        "continuing_subword_prefix": "",
-        "end_of_word_suffix": "",
-        "fuse_unk": False,
-        "byte_fallback": False,
-        "ignore_merges": False,
-        "vocab": vocab,
-        "merges": [[left, right] for left, right in merges],
-    }
 
 
 def _tokenizer_config(specials, *, bos, eos, pad, unk, add_bos: bool) -> dict:

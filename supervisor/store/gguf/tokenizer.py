@@ -205,6 +205,12 @@ def _bpe_model(vocab: _Vocab, merges: Sequence[Sequence[str]], ignore_merges=Fal
         if first != token_id:
             log.warning("GGUF token %d repeats token %d (%r); keeping the first",
                         token_id, first, token)
+    return bpe_model(ids, merges, ignore_merges)
+
+
+def bpe_model(ids: Mapping[str, int], merges: Sequence[Sequence[str]],
+              ignore_merges: bool = False) -> dict:
+    """tokenizer.json's `model` for a BPE vocabulary (token -> id) and its merges."""
     return {
         "type": "BPE",
         "dropout": None,
@@ -214,7 +220,7 @@ def _bpe_model(vocab: _Vocab, merges: Sequence[Sequence[str]], ignore_merges=Fal
         "fuse_unk": False,
         "byte_fallback": False,
         "ignore_merges": ignore_merges,
-        "vocab": ids,
+        "vocab": dict(ids),
         "merges": [list(pair) for pair in merges],
     }
 
