@@ -8,6 +8,7 @@ STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 TEST_WORKERS ?= 2
 
 .PHONY: install serve test test-unit test-mlx test-integration bench clean
+.PHONY: fuzz
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +46,14 @@ test-integration: $(STAMP)
 
 bench: install
 	$(BIN)/mlxr bench --model small --concurrency 1,8,16 --against mlx_lm
+
+# Coverage-guided fuzzing (atheris) of the model-file header parsers: safetensors, GGUF,
+# config.json. Not part of `make test`: each target runs FUZZ_SECONDS, and a finding stops it
+# with its input in build/fuzz/<target>/crash-* (see scripts/fuzz_headers.py).
+FUZZ_SECONDS ?= 60
+fuzz: $(STAMP)
+	$(BIN)/python -c 'import atheris' 2>/dev/null || $(BIN)/python -m pip install -q -e '.[fuzz]'
+	$(BIN)/python scripts/fuzz_headers.py all $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

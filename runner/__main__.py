@@ -1,4 +1,8 @@
-"""`python -m mlxr.runner --model DIR --port P` (or `--config JSON`): serve one model."""
+"""`python -m mlxr.runner --model DIR --port P` (or `--config JSON`): serve one model.
+
+Every request needs the runner's secret (docs/protocol.md): started by the supervisor, it is
+the first line on stdin; by hand, `--token-file FILE` (made if missing), else a fresh one is
+written to a new private file whose path the `listening` line on stderr gives."""
 
 from __future__ import annotations
 
@@ -8,12 +12,21 @@ import ctypes
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
+import time
+from pathlib import Path
 
 from mlxr.shared.blas import choose
 from mlxr.shared.config import RunnerConfig, Settings
+from mlxr.shared.runner_auth import new_token_file, read_token_line, token_from_file
+
+PARENT_POLL_S = 0.5
+# The parent's pid, handed across the BLAS re-exec: the new image's own parent is the same
+# process, or init if it died meanwhile, which getppid() alone cannot tell apart.
+PARENT_ENV = "MLXR_RUNNER_PARENT"
 
 
 def parse_config(argv: list[str]) -> RunnerConfig:
@@ -26,10 +39,12 @@ def parse_config(argv: list[str]) -> RunnerConfig:
     parser.add_argument("--context-length", type=int, default=None)
     parser.add_argument("--prefill-chunk", type=int, default=None)
     parser.add_argument("--prefix-cache-bytes", type=int, default=None)
+    parser.add_argument("--token-file", default=None,
+                        help="file with the secret requests must carry (made if missing)")
     args = parser.parse_args(argv)
     values = json.loads(args.config) if args.config else {}
     for key in ("host", "port", "num_parallel", "context_length", "prefill_chunk",
-                "prefix_cache_bytes"):
+                "prefix_cache_bytes", "token_file"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
     if args.model:
@@ -39,7 +54,7 @@ def parse_config(argv: list[str]) -> RunnerConfig:
     return RunnerConfig.from_dict(values)
 
 
-def _preload_blas(config: RunnerConfig) -> None:
+def _preload_blas(config: RunnerConfig, parent: int) -> None:
     """The mlx CPU wheel's own BLAS is several times slower than OpenBLAS on Linux: re-exec
     with the supervisor's probed choice preloaded, or, for a runner started by hand, with
     the library shared/blas.py chooses (probing it in a throwaway process first)."""
@@ -54,33 +69,72 @@ def _preload_blas(config: RunnerConfig) -> None:
     if not path or path in os.environ.get("LD_PRELOAD", "").split():
         return  # nothing passed its probe, or the supervisor preloaded it already
     env = dict(os.environ, LD_PRELOAD=" ".join(p for p in (path, os.environ.get("LD_PRELOAD")) if p))
+    env[PARENT_ENV] = str(parent)
     os.execve(sys.executable, [sys.executable, "-m", "mlxr.runner", *sys.argv[1:]], env)
 
 
-def _die_with_parent(watch_stdin: bool) -> None:
+def _set_death_signal(parent: int) -> None:
+    """Linux: SIGKILL when the parent dies. The supervisor sets it before exec too (and it
+    survives the BLAS re-exec); set here for a parent that did not, before the BLAS probe
+    and re-exec. A parent that died before it took effect: exit now."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if watch_stdin:
-        def watch() -> None:
-            while sys.stdin.buffer.read(1 << 16):
-                pass
-            os._exit(0)
+    if os.getppid() != parent:
+        os._exit(0)
 
-        threading.Thread(target=watch, name="stdin-watch", daemon=True).start()
+
+def _watch_parent(parent: int) -> None:
+    """Exit when stdin (the supervisor's pipe) closes, or when the parent changes (it died and
+    we were re-parented): the second catches a pipe whose write end leaked into another
+    process, and is all macOS has besides stdin."""
+
+    def watch_stdin() -> None:
+        while sys.stdin.buffer.read(1 << 16):
+            pass
+        os._exit(0)
+
+    def watch_ppid() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(0)
+
+    threading.Thread(target=watch_stdin, name="stdin-watch", daemon=True).start()
+    threading.Thread(target=watch_ppid, name="parent-watch", daemon=True).start()
+
+
+def _token(config: RunnerConfig) -> tuple[str, Path | None]:
+    """The secret requests must carry, and the file it was written to when made here."""
+    if config.token_stdin:
+        token = read_token_line(sys.stdin.buffer)
+        if token is None:  # the supervisor went away before sending it
+            sys.exit("runner: no token on stdin (token_stdin is set)")
+        return token, None
+    if config.token_file:
+        path = Path(config.token_file).expanduser()
+        try:
+            return token_from_file(path), path
+        except (OSError, ValueError) as exc:
+            sys.exit(f"runner: cannot use token file {path}: {exc}")
+    return new_token_file()
 
 
 def main(argv: list[str] | None = None) -> None:
+    parent = int(os.environ.pop(PARENT_ENV, "0")) or os.getppid()
     config = parse_config(sys.argv[1:] if argv is None else argv)
-    _preload_blas(config)
-    _die_with_parent(config.watch_stdin)
+    _set_death_signal(parent)
+    _preload_blas(config, parent)
+    token, token_path = _token(config)  # before the watch reads stdin
+    made_token_file = token_path is not None and not config.token_file
+    if config.watch_stdin:
+        _watch_parent(parent)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s runner %(levelname)s %(message)s")
     from aiohttp import web
 
     from mlxr.runner.server import make_app
 
-    app = make_app(config)
+    app = make_app(config, token)
 
     async def serve() -> None:
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -88,7 +142,10 @@ def main(argv: list[str] | None = None) -> None:
         site = web.TCPSite(runner, config.host, config.port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]
-        print(json.dumps({"event": "listening", "port": port}), file=sys.stderr, flush=True)
+        event = {"event": "listening", "port": port}
+        if token_path is not None:
+            event["token_file"] = str(token_path)
+        print(json.dumps(event), file=sys.stderr, flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -96,7 +153,11 @@ def main(argv: list[str] | None = None) -> None:
         await stop.wait()
         await runner.cleanup()
 
-    asyncio.run(serve())
+    try:
+        asyncio.run(serve())
+    finally:
+        if made_token_file:
+            shutil.rmtree(token_path.parent, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,12 @@ class Engine:
     def submit(self, seq: Sequence) -> None:
         self._inbox.put(("add", seq))
 
+    def check_fits(self, num_prompt: int) -> None:
+        """Refuse (InsufficientMemory, 507) a prompt the KV cache could never hold, before
+        its stream starts. Reads plain figures only: safe from the event loop."""
+        if self.scheduler is not None and not self.scheduler.fits(num_prompt):
+            raise self.scheduler.out_of_memory(num_prompt + 1)
+
     def cancel(self, seq: Sequence) -> None:
         seq.cancelled = True
         self._inbox.put(("cancel", seq))
@@ -167,6 +173,8 @@ class Engine:
             log.exception("sampler setup failed")
             self._deliver([(seq.sink, error_line(RunnerFailed(f"inference failed: {exc}")))])
             return
+        if seq.think_budget is not None:
+            seq.sampler.processors.append(seq.think_budget)
         if seq.grammar is not None:
             seq.sampler.processors.append(seq.grammar)  # last: it masks after penalties and bias
         self.outputs.open(seq)
@@ -179,11 +187,12 @@ class Engine:
         started = time.perf_counter()
         try:
             result = model_step.run(plan)
-        except Exception as exc:  # out of memory, or a bug: fail the requests it held
+        except Exception as exc:  # out of memory (a GPU's allocator), or a bug
             log.exception("engine step failed")
-            model_step.reset()  # its caches are gone, so every sequence that had one fails
+            model_step.reset()  # every cache is gone: the step's growth fails, the rest recompute
+            mx.clear_cache()
             result = StepResult()
-            touched = self.scheduler.abort(self.scheduler.in_flight, f"inference failed: {exc}")
+            touched = plan.failed + self.scheduler.recover(plan, exc)
         else:
             self.scheduler.observe(plan, time.perf_counter() - started)
             touched = self.scheduler.update(plan, result)

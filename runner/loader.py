@@ -7,6 +7,10 @@ for the types) loads no MLX on the event loop thread.
 A model directory with an `.adapter/adapter_config.json` (the store links a model's LoRA adapter
 there, in mlx-lm's format) is loaded with mlx_lm's own `adapter_path`, so the adapter is applied
 exactly as mlx-lm applies it; a model is never served without its adapter.
+
+Before MLX reads a file, shared/model_checks.py checks config.json and every safetensors header
+(the adapter's too): a hostile or damaged file fails the load with a message naming it, never
+a crash inside MLX.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import psutil
 
 from mlxr.shared.config import RunnerConfig
+from mlxr.shared.model_checks import check_model_dir
 from mlxr.runner.prefix_cache import PrefixCache
 from mlxr.runner.request import Sequence
 from mlxr.runner.scheduler import Scheduler, SchedulerConfig
@@ -49,6 +54,8 @@ class LoadedModel:
 def load_model(config: RunnerConfig, blas: str,
                on_progress: Callable[[float], None]) -> LoadedModel:
     """Load `config.model_dir`; `blas` describes the BLAS in use (for the log)."""
+    # A file changed since create (or never checked: pulled) fails here, before MLX reads it.
+    check_model_dir(Path(config.model_dir))
     from mlx_lm.utils import load
 
     from mlxr.runner.architectures import fix_model

@@ -260,11 +260,11 @@ class ModelStep:
             return
         mx.async_eval(logits)
         for seq in hooked:
-            seq.sampler.prepare(seq.all_tokens)
+            seq.sampler.prepare(seq.history)
 
     def _sample(self, logits: mx.array, seqs: list[Sequence]) -> SampleOutput:
         return sample(logits, [s.sampler for s in seqs],
-                      [s.all_tokens if s.sampler.needs_processing else [] for s in seqs],
+                      [s.history if s.sampler.needs_processing else [] for s in seqs],
                       [s.top_logprobs if s.logprobs else -1 for s in seqs])
 
     def _collect(self, seqs: list[Sequence], out: SampleOutput, result: StepResult) -> None:

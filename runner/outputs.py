@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from mlxr.shared.errors import RunnerFailed
+from mlxr.shared.errors import MlxrError, RunnerFailed
 from mlxr.shared.protocol import Chunk, error_line
 from mlxr.runner.request import Sequence, SeqStatus
 from mlxr.runner.scheduler import StepPlan, StepResult
@@ -82,7 +82,9 @@ class Outputs:
         batch: list[tuple[Sink, Any]] = []
         for seq in seqs:
             if seq.status == SeqStatus.FINISHED_ERROR:
-                batch.append((seq.sink, error_line(RunnerFailed(seq.error or "inference failed"))))
+                err = seq.error if isinstance(seq.error, MlxrError) else \
+                    RunnerFailed(seq.error or "inference failed")
+                batch.append((seq.sink, error_line(err)))
                 continue
             if not seq.t_first_token_ns:
                 seq.t_first_token_ns = now

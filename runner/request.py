@@ -54,16 +54,22 @@ class Sequence:
     logprobs: bool = False
     top_logprobs: int = 0
     return_prompt_tokens: bool = False  # the final chunk carries `prompt_tokens`
+    # Context shift (Ollama's `shift`): when the context is full, `dropped` more tokens after
+    # the first `num_keep` leave it, and the sequence goes on from the shorter context.
+    shift: bool = True
+    num_keep: int = 4
+    dropped: int = 0
     output_tokens: list[int] = field(default_factory=list)
     num_computed: int = 0
     num_cached: int = 0
     status: SeqStatus = SeqStatus.WAITING
     cancelled: bool = False
-    error: str | None = None
+    error: Any = None  # why it failed: a message, or the MlxrError to send
     # Set by the handler: where chunks go (its queue's put), and a structured-output grammar
     # (runner.grammar.GrammarProcessor) or None.
     sink: Callable[[Any], None] | None = None
     grammar: Any = None
+    think_budget: Any = None  # runner.think_budget.ThinkBudget, or None
     # Attached on the engine thread: runner.sampling.Sampler and runner.outputs.TextOutput.
     sampler: Any = None
     text: Any = None
@@ -79,11 +85,28 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_tokens) + len(self.output_tokens)
+        """The context's length: what the KV cache holds when it is up to date."""
+        return len(self.prompt_tokens) + len(self.output_tokens) - self.dropped
 
     @property
     def all_tokens(self) -> list[int]:
+        """The context: the prompt and the output, less what context shifts dropped."""
+        tokens = self.prompt_tokens + self.output_tokens
+        if self.dropped:
+            keep = self.kept_tokens
+            return tokens[:keep] + tokens[keep + self.dropped:]
+        return tokens
+
+    @property
+    def history(self) -> list[int]:
+        """The prompt and the whole output, shifts or not: what penalties and grammars read."""
         return self.prompt_tokens + self.output_tokens
+
+    @property
+    def kept_tokens(self) -> int:
+        """How many tokens at the start of the context a shift keeps (at least one goes)."""
+        keep = self.num_prompt if self.num_keep < 0 else self.num_keep
+        return max(0, min(keep, self.context_length - 2))
 
     @property
     def is_finished(self) -> bool:
@@ -96,11 +119,20 @@ class Sequence:
 
 def make_sequence(seq_id: int, tokens: list[int], options: Options, context_length: int,
                   logprobs: bool, top_logprobs: int, sink: Callable[[Any], None],
-                  grammar: Any = None, return_prompt_tokens: bool = False) -> Sequence:
+                  grammar: Any = None, return_prompt_tokens: bool = False,
+                  shift: bool = True, think_budget: Any = None) -> Sequence:
     """A request's sequence, with no MLX state (it is built on the event loop thread).
-    `context_length` is the request's effective num_ctx."""
-    max_new = options.num_predict if options.num_predict >= 0 else context_length
+    `context_length` is the request's effective num_ctx. Like Ollama, num_predict -1 with
+    `shift` is bounded at ten contexts' worth of output; -2 (and -1 without shift) fills the
+    context."""
+    if options.num_predict >= 0:
+        max_new = options.num_predict
+    elif options.num_predict == -1 and shift:
+        max_new = 10 * context_length
+    else:
+        max_new = context_length
     return Sequence(seq_id=seq_id, prompt_tokens=tokens, options=options,
                     max_new_tokens=max_new, context_length=context_length, logprobs=logprobs,
                     top_logprobs=top_logprobs, sink=sink, grammar=grammar,
-                    return_prompt_tokens=return_prompt_tokens)
+                    return_prompt_tokens=return_prompt_tokens, shift=shift,
+                    num_keep=options.num_keep, think_budget=think_budget)

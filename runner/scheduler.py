@@ -16,10 +16,21 @@ Invariants:
   them into the batch at once is what keeps throughput and time to first token up.
 - KV tokens held (running + prefilling) stay within `kv_token_budget`: admission waits, and a
   running sequence that cannot grow preempts the newest one, which is requeued for recompute.
+  A sequence alone that reaches the budget ends with an InsufficientMemory error (the server
+  refuses a prompt that cannot fit at all before it streams: `fits`).
+- After a step that failed (out of memory on a GPU), `recover` fails only the sequences that
+  step was growing (its prefills, else the newest running one) and requeues the others to
+  compute their context again, since the model step lost every cache.
 - Finished and cancelled sequences are handed to the model step once, in `StepPlan.release`.
 - Whether a sequence is finished is decided in one place, `_finish_status`, as it takes each
-  token: EOS, then length (`max_new_tokens` or the context), then a stop string (the text
-  side's verdict, `stop_matched`). From outside, only `cancel` and `abort` end a sequence.
+  token: EOS, then length (`max_new_tokens`, or the context for a sequence that does not
+  shift), then a stop string (the text side's verdict, `stop_matched`). From outside, only
+  `cancel` and `abort` end a sequence.
+- A sequence that fills its context and may shift drops the older half after its first
+  `num_keep` tokens and is requeued, like a preempted one, to recompute the shorter context
+  (any architecture, no re-rotation of cached keys); its output goes on where it was.
+- A step that releases a requeued sequence admits nothing: the release must run before the
+  sequence's new cache is made.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from mlxr.runner.request import Sequence, SeqStatus
+from mlxr.shared.errors import InsufficientMemory
 from mlxr.runner.step_timer import StepTimer
 
 
@@ -48,6 +60,7 @@ class StepPlan:
     release: list[Sequence] = field(default_factory=list)
     decode: list[Sequence] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
+    failed: list[Sequence] = field(default_factory=list)  # ended while planning (no memory)
 
     @property
     def has_compute(self) -> bool:
@@ -99,7 +112,28 @@ class Scheduler:
     def cancel(self, seq: Sequence) -> None:
         seq.cancelled = True
 
-    def abort(self, seqs: Iterable[Sequence], error: str) -> list[Sequence]:
+    def fits(self, num_prompt: int) -> bool:
+        """Can a prompt of this many tokens (and its first output token) ever be held?"""
+        return num_prompt + 1 <= self.config.kv_token_budget
+
+    def out_of_memory(self, num_tokens: int) -> InsufficientMemory:
+        return InsufficientMemory(
+            f"out of memory: {num_tokens} tokens do not fit in this runner's KV cache, which "
+            f"holds {self.config.kv_token_budget} tokens; use a shorter prompt, a smaller "
+            "num_ctx or num_predict, or give the server more memory")
+
+    def recover(self, plan: StepPlan, error: Exception) -> list[Sequence]:
+        """After `plan` failed and the model step lost its caches: fail what it was growing,
+        requeue the rest of the batch; returns the failed sequences."""
+        grown = [c.seq for c in plan.prefills] or self.running[-1:]
+        failed = self.abort(grown, InsufficientMemory(f"out of memory: {error}")
+                            if _is_oom(error) else f"inference failed: {error}")
+        for seq in self.prefilling + self.running:
+            self._requeue(seq)
+        self._release = [s for s in self._release if s.is_finished]  # the caches are gone
+        return failed
+
+    def abort(self, seqs: Iterable[Sequence], error: Any) -> list[Sequence]:
         """Finish `seqs` with `error` (those not finished already) and return them; their
         caches are released at the next schedule()."""
         aborted = [seq for seq in seqs if not seq.is_finished]
@@ -116,7 +150,7 @@ class Scheduler:
     def unfinished(self) -> list[Sequence]:
         return list(self.waiting) + self.in_flight
 
-    def _finish(self, seq: Sequence, status: SeqStatus, error: str | None = None) -> None:
+    def _finish(self, seq: Sequence, status: SeqStatus, error: Any = None) -> None:
         """Mark a sequence finished; its cache is released at the next schedule()."""
         if seq.is_finished:
             return
@@ -145,12 +179,14 @@ class Scheduler:
     # -- planning ----------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         self._reap_cancelled()
-        preempted = self._preempt_if_needed()
-        plan = StepPlan(release=self._release, decode=list(self.running))
+        failed: list[Sequence] = []
+        preempted = self._preempt_if_needed(failed)
+        plan = StepPlan(release=self._release, decode=list(self.running), failed=failed)
         self._release = []
         throttle = bool(plan.decode) and self._long_prompt()
         allowance = self._prefill_allowance(len(plan.decode), throttle)
-        if not preempted:
+        requeued = preempted or any(s.status is SeqStatus.PREEMPTED for s in plan.release)
+        if not requeued:
             self._admit(allowance)
         for seq in self.prefilling:
             if allowance <= 0:
@@ -183,26 +219,51 @@ class Scheduler:
         return sum(s.num_tokens for s in self.running) + \
             sum(s.num_tokens for s in self.prefilling)
 
-    def _preempt_if_needed(self) -> bool:
-        # Each running sequence grows by one token this step.
+    def _preempt_if_needed(self, failed: list[Sequence]) -> bool:
+        """Each running sequence grows by one token this step: make room by requeueing the
+        newest running ones, then the prefilling ones; a sequence alone that cannot grow
+        fails (into `failed`)."""
+        def over() -> bool:  # a prefilling sequence may finish its prompt and take a token too
+            growth = len(self.running) + len(self.prefilling)
+            return self._kv_tokens() + growth > self.config.kv_token_budget
+
         preempted = False
-        while len(self.running) > 1 and \
-                self._kv_tokens() + len(self.running) > self.config.kv_token_budget:
-            victim = self.running.pop()  # the newest
-            victim.status = SeqStatus.PREEMPTED
-            victim.num_computed = 0
-            self._release.append(victim)
-            self.waiting.appendleft(victim)
+        while len(self.running) > 1 and over():
+            self._requeue(self.running[-1])  # the newest
             preempted = True
+        while self.prefilling and self.running and over():
+            self._requeue(self.prefilling[-1])
+            preempted = True
+        if len(self.running) == 1 and over():
+            seq = self.running[0]
+            self._finish(seq, SeqStatus.FINISHED_ERROR, self.out_of_memory(seq.num_tokens + 1))
+            failed.append(seq)
         return preempted
+
+    def _requeue(self, seq: Sequence) -> None:
+        """Take a running or prefilling sequence out to compute its context again."""
+        (self.running if seq in self.running else self.prefilling).remove(seq)
+        seq.status = SeqStatus.PREEMPTED
+        seq.num_computed = 0
+        self._release.append(seq)
+        self.waiting.appendleft(seq)
+
+    def _shift(self, seq: Sequence) -> bool:
+        """Drop half the context after the kept tokens; False when nothing can go."""
+        discard = (seq.num_tokens - seq.kept_tokens) // 2
+        if discard < 1:
+            return False
+        seq.dropped += discard
+        self._requeue(seq)
+        return True
 
     def _admit(self, allowance: int) -> None:
         pending = sum(s.num_tokens - s.num_computed for s in self.prefilling)
         while self.waiting and pending < allowance and \
                 self.num_active < self.config.max_running:
             seq = self.waiting[0]
-            if self.num_active and \
-                    self._kv_tokens() + seq.num_tokens > self.config.kv_token_budget:
+            if self.num_active and self._kv_tokens() + seq.num_tokens + 1 + \
+                    self.num_active > self.config.kv_token_budget:
                 return
             self.waiting.popleft()
             seq.num_computed = self._admit_fn(seq)
@@ -220,7 +281,7 @@ class Scheduler:
 
     def update(self, plan: StepPlan, result: StepResult) -> list[Sequence]:
         """Apply a step's results; returns the sequences that received a token or failed."""
-        touched: list[Sequence] = []
+        touched: list[Sequence] = list(plan.failed)
         for seq_id, message in result.failed.items():
             seq = next((s for s in self._plan_seqs(plan) if s.seq_id == seq_id), None)
             if seq is not None and not seq.is_finished:
@@ -255,13 +316,22 @@ class Scheduler:
         status = self._finish_status(seq, token)
         if status is not None:
             self._finish(seq, status)
+        elif seq.num_tokens >= seq.context_length and not self._shift(seq):
+            self._finish(seq, SeqStatus.FINISHED_LENGTH)
 
     def _finish_status(self, seq: Sequence, token: int) -> SeqStatus | None:
         """The one place that decides a sequence is done, after it took `token`."""
         if token in self._eos:
             return SeqStatus.FINISHED_STOPPED
-        if len(seq.output_tokens) >= seq.max_new_tokens or seq.num_tokens >= seq.context_length:
+        if len(seq.output_tokens) >= seq.max_new_tokens or \
+                (seq.num_tokens >= seq.context_length and not seq.shift):
             return SeqStatus.FINISHED_LENGTH
         if self._stop_matched(seq):
             return SeqStatus.FINISHED_STOPPED
         return None
+
+
+def _is_oom(error: Exception) -> bool:
+    text = str(error).lower()
+    return isinstance(error, MemoryError) or "out of memory" in text or \
+        "resource limit" in text or "malloc" in text or "allocat" in text

@@ -1,6 +1,7 @@
 """The runner's HTTP face: /v1/status, /v1/completions, /v1/tokenize, /v1/detokenize,
-/v1/embeddings. Validation happens here, before a request is queued, so bad input is a 4xx and
-never a broken stream. Nothing here calls MLX: sequences are built without MLX state, and the
+/v1/embeddings. Every route needs the runner's secret (shared/runner_auth.py; 401 without it).
+Validation happens here, before a request is queued, so bad input is a 4xx and never a broken
+stream. Nothing here calls MLX: sequences are built without MLX state, and the
 engine thread does all MLX work."""
 
 from __future__ import annotations
@@ -13,22 +14,29 @@ from typing import Any
 from aiohttp import web
 
 from mlxr.shared.config import RunnerConfig
-from mlxr.shared.errors import ContextOverflow, InvalidRequest, MlxrError, RunnerFailed, ServerBusy
+from mlxr.shared.errors import (ContextOverflow, InvalidRequest, MlxrError, RunnerFailed,
+                                ServerBusy, Unauthorized)
 from mlxr.shared.ndjson import dumps_line
 from mlxr.shared.protocol import CompletionRequest, EmbedRequest, error_body
+from mlxr.shared.runner_auth import TokenCheck
 from mlxr.runner.embed.embeddings import embed
 from mlxr.runner.engine import Engine
 from mlxr.runner.grammar import make_grammar
 from mlxr.runner.request import make_sequence
+from mlxr.runner.think_budget import ThinkBudget
 
 log = logging.getLogger("mlxr.runner")
 
 MAX_BODY_BYTES = 64 << 20
 ENGINE = web.AppKey("engine", Engine)
+TOKEN_CHECK = web.AppKey("token_check", TokenCheck)
+UNAUTHORIZED = Unauthorized("missing or wrong runner token")
 
 
 @web.middleware
 async def errors(request: web.Request, handler):
+    if not request.app[TOKEN_CHECK](request.headers.get("Authorization")):
+        return web.json_response(error_body(UNAUTHORIZED), status=UNAUTHORIZED.status)
     try:
         return await handler(request)
     except MlxrError as err:
@@ -114,6 +122,15 @@ def _check_token_ids(engine: Engine, tokens: list[int]) -> None:
         raise InvalidRequest(f"token id {bad} is out of range (vocabulary size {vocab})")
 
 
+async def _think_budget(engine: Engine, req: CompletionRequest,
+                        num_prompt: int) -> ThinkBudget | None:
+    if req.think_budget is None or not req.think_end:
+        return None
+    tag = await asyncio.get_running_loop().run_in_executor(
+        None, _encode, engine, req.think_end, False)
+    return ThinkBudget(req.think_budget, tag, num_prompt) if tag else None
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
     engine = _ready_engine(request)
     if "completion" not in engine.loaded.capabilities:
@@ -132,6 +149,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if len(tokens) >= num_ctx:
         raise ContextOverflow(
             f"input length ({len(tokens)} tokens) exceeds the context length ({num_ctx} tokens)")
+    engine.check_fits(len(tokens))
     grammar = None
     if req.format is not None:  # compiled here, so a bad schema is a 400, not a broken stream
         grammar = await asyncio.get_running_loop().run_in_executor(
@@ -141,7 +159,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     outbox: asyncio.Queue = asyncio.Queue()
     seq = make_sequence(next(request.app[SEQ_IDS]), tokens, req.options, num_ctx, req.logprobs,
                         req.top_logprobs, outbox.put_nowait, grammar=grammar,
-                        return_prompt_tokens=req.return_prompt_tokens)
+                        return_prompt_tokens=req.return_prompt_tokens, shift=req.shift,
+                        think_budget=await _think_budget(engine, req, len(tokens)))
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
     engine.submit(seq)
@@ -160,8 +179,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
 SEQ_IDS = web.AppKey("seq_ids", itertools.count)
 
 
-def make_app(config: RunnerConfig) -> web.Application:
+def make_app(config: RunnerConfig, token: str) -> web.Application:
+    """The runner's app; every request must carry `token` (shared/runner_auth.py)."""
     app = web.Application(middlewares=[errors], client_max_size=MAX_BODY_BYTES)
+    app[TOKEN_CHECK] = TokenCheck(token)
     loop_holder: dict[str, asyncio.AbstractEventLoop] = {}
 
     def deliver(batch: list[tuple[Any, Any]]) -> None:

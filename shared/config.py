@@ -27,7 +27,7 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, bool):
         raise InvalidRequest(f"invalid duration {value!r}")
     if isinstance(value, (int, float)):
-        return -1.0 if value < 0 else float(value)
+        return _duration_s(value, value)
     if isinstance(value, str):
         text = value.strip()
         try:
@@ -43,9 +43,20 @@ def parse_duration(value: Any) -> float:
                 pos = m.end()
             if pos != len(body) or not body:
                 raise InvalidRequest(f'invalid duration "{value}"') from None
-            return -1.0 if negative else total
-        return -1.0 if number < 0 else number
+            return -1.0 if negative else _duration_s(total, value)
+        return _duration_s(number, value)
     raise InvalidRequest(f"invalid duration {value!r}")
+
+
+# Go's longest time.Duration. A longer one is forever (Ollama's overflowing conversion makes
+# it negative, which is forever there too); kept as seconds it would overflow a date here.
+MAX_DURATION_S = (1 << 63) / 1e9
+
+
+def _duration_s(seconds: int | float, value: Any) -> float:
+    if seconds != seconds:  # NaN
+        raise InvalidRequest(f"invalid duration {value!r}")
+    return -1.0 if seconds < 0 or seconds > MAX_DURATION_S else float(seconds)
 
 
 def parse_host(value: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
@@ -62,7 +73,21 @@ def parse_host(value: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
         host, port = text.split(":")
     else:
         host, port = text, ""
+    if port and not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        raise ValueError(f"invalid port in host {value!r}")
     return host or "127.0.0.1", int(port) if port else default_port
+
+
+def parse_socket(value: str) -> Path | None:
+    """The path of a "unix:///path/to/sock" address (MLXR_HOST / OLLAMA_HOST), or None for a
+    TCP address."""
+    text = value.strip()
+    if not text.startswith("unix://"):
+        return None
+    path = text[len("unix://"):]
+    if not path:
+        raise ValueError(f"invalid unix socket address {value!r}: no path")
+    return Path(path).expanduser()
 
 
 def _parse_bytes(text: str) -> int:
@@ -71,7 +96,10 @@ def _parse_bytes(text: str) -> int:
         raise ValueError(f"invalid size {text!r}")
     unit = (m.group(2) or "").rstrip("b").rstrip("i")
     scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[unit]
-    return int(float(m.group(1)) * scale)
+    value = float(m.group(1)) * scale
+    if value >= 2**63:  # infinity too: a 400-digit number
+        raise ValueError(f"invalid size {text!r}: too large")
+    return int(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +125,26 @@ class Settings:
     debug: bool = False
     # The module started as `python -m <runner_module>`; tests point it at a fake runner.
     runner_module: str = "mlxr.runner"
+    # Serve the API on this Unix socket instead of host:port (MLXR_HOST=unix:///path).
+    socket_path: Path | None = None
+    # On SIGTERM/SIGINT, running requests get this long to finish before their streams end
+    # with an error (MLXR_SHUTDOWN_GRACE).
+    shutdown_grace_s: float = 5.0
+    # A model whose runner fails to load this many times in a row is refused at once (with
+    # its last error) until it changes, is unloaded, or the cool-down passes; 0: never.
+    max_load_failures: int = 3
+    load_failure_cooldown_s: float = 60.0
+    # A registry (pull, push) that sends nothing for this long fails the transfer, and a
+    # manifest must arrive whole within three times it (MLXR_REGISTRY_TIMEOUT; <= 0: no limit).
+    registry_timeout_s: float = 60.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         host = env.get("MLXR_HOST") or env.get("OLLAMA_HOST")
+        if host and parse_socket(host) is not None:
+            values["socket_path"], host = parse_socket(host), None
         if host:
             values["host"], values["port"] = parse_host(host)
         models = env.get("MLXR_MODELS")
@@ -120,6 +162,10 @@ class Settings:
             ("prefix_cache_bytes", "PREFIX_CACHE_BYTES", _parse_bytes),
             ("memory_margin_bytes", "MEMORY_MARGIN", _parse_bytes),
             ("max_request_bytes", "MAX_REQUEST_BYTES", _parse_bytes),
+            ("shutdown_grace_s", "SHUTDOWN_GRACE", lambda v: max(0.0, parse_duration(v))),
+            ("max_load_failures", "MAX_LOAD_FAILURES", int),
+            ("load_failure_cooldown_s", "LOAD_FAILURE_COOLDOWN", parse_duration),
+            ("registry_timeout_s", "REGISTRY_TIMEOUT", parse_duration),
         ):
             raw = env.get("MLXR_" + key) or env.get("OLLAMA_" + key)
             if raw:
@@ -162,6 +208,11 @@ class RunnerConfig:
     prefix_cache_bytes: int = 1 << 30
     kv_cache_bytes: int = 0  # 0: derived from the system's available memory
     watch_stdin: bool = False  # exit when stdin closes (the supervisor died)
+    # Where the secret every request must carry comes from (never argv, which `ps` shows):
+    # the first line of stdin (the supervisor's way), else this file (created with a fresh
+    # secret, mode 0600, if missing), else a fresh secret in a new private file.
+    token_stdin: bool = False
+    token_file: str = ""
     # The library to preload (the supervisor's probed choice), "off", or "auto": choose here,
     # as the supervisor would (a runner started by hand).
     blas: str = "auto"

@@ -88,11 +88,38 @@ class RegistryError(MlxrError):
     openai_type = "server_error"
 
 
+class InsufficientStorage(MlxrError):
+    """The disk is full (ENOSPC, EDQUOT): the message says what was being written and what
+    was kept of it."""
+    status = 507
+    kind = "insufficient_storage"
+    openai_type = "server_error"
+    code = "insufficient_storage"
+
+
+class Forbidden(MlxrError):
+    """A request refused for where it comes from (a Host header that is not this machine,
+    on a server bound to a loopback address)."""
+    status = 403
+    kind = "forbidden"
+    openai_type = "permission_error"
+
+
+class InvalidModelFile(InvalidRequest):
+    """A model file that is malformed or hostile: a safetensors or GGUF header claiming more
+    than the file holds, byte ranges that disagree with shapes or overlap, a config.json with
+    absurd or missing values (the message names the file and what is wrong)."""
+    kind = "invalid_model_file"
+
+
 KINDS: dict[str, type[MlxrError]] = {
     cls.kind: cls for cls in (MlxrError, InvalidRequest, ContextOverflow, UnsupportedModel,
                               Unauthorized,
                               ModelNotFound, PayloadTooLarge, ServerBusy, InsufficientMemory,
                               RunnerFailed, RegistryError)}
+KINDS[InsufficientStorage.kind] = InsufficientStorage
+KINDS[Forbidden.kind] = Forbidden
+KINDS[InvalidModelFile.kind] = InvalidModelFile
 
 
 def from_wire(status: int, message: str, kind: str | None = None) -> MlxrError:

@@ -9,10 +9,11 @@ Only these types cross the process boundary.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxr.shared.errors import InvalidRequest, MlxrError
+from mlxr.shared.errors import InvalidRequest, MlxrError, RunnerFailed
 
 # Ollama's sampling defaults (api/types.go DefaultOptions). Penalties are off unless asked
 # for, as in Ollama's own newer engines.
@@ -29,6 +30,8 @@ class Options:
 
     num_predict: int = -1
     num_ctx: int | None = None
+    # Tokens at the start of the context a context shift keeps (-1: the whole prompt).
+    num_keep: int = 4
     temperature: float = DEFAULT_TEMPERATURE
     top_k: int = DEFAULT_TOP_K
     top_p: float = DEFAULT_TOP_P
@@ -65,18 +68,23 @@ class Options:
         return d
 
 
-_INT_OPTIONS = {"num_predict", "num_ctx", "top_k", "repeat_last_n", "seed"}
+_INT_OPTIONS = {"num_predict", "num_ctx", "num_keep", "top_k", "repeat_last_n", "seed"}
 _FLOAT_OPTIONS = {"temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty",
                   "frequency_penalty"}
 
 
 def _coerce_option(name: str, value: Any) -> Any:
     if name in _INT_OPTIONS:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or (isinstance(value, float) and not math.isfinite(value)) \
+                or value != int(value):
             raise InvalidRequest(f"option {name} must be an integer")
+        if not -(1 << 63) <= value < 1 << 63:
+            raise InvalidRequest(f"option {name} is out of range for a 64-bit integer")
         return int(value)
     if name in _FLOAT_OPTIONS:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not _is_finite(value):
             raise InvalidRequest(f"option {name} must be a number")
         return float(value)
     if name == "stop":
@@ -91,10 +99,21 @@ def _coerce_option(name: str, value: Any) -> Any:
         if not isinstance(value, dict):
             raise InvalidRequest("logit_bias must be an object of token id to bias")
         try:
-            return {int(k): float(v) for k, v in value.items()}
-        except (TypeError, ValueError):
+            bias = {int(k): float(v) for k, v in value.items()}
+        except (TypeError, ValueError, OverflowError):
             raise InvalidRequest("logit_bias must map token ids to numbers") from None
+        if not all(math.isfinite(v) for v in bias.values()):
+            raise InvalidRequest("logit_bias must map token ids to finite numbers")
+        return bias
     raise AssertionError(name)
+
+
+def _is_finite(value: int | float) -> bool:
+    """Whether a number is finite and fits a float (an int past 1e308 does not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 @dataclass(slots=True)
@@ -115,6 +134,13 @@ class CompletionRequest:
     # With `format`: the grammar applies only after the output has produced this text (the
     # end of a thinking section, e.g. "</think>"); before it the output is free.
     format_after: str | None = None
+    # Ollama's `shift`: when the context fills, drop the older half after `num_keep` and go
+    # on; False ends the output there (done_reason "length").
+    shift: bool = True
+    # At most `think_budget` output tokens before `think_end` (the end-of-thinking tag): past
+    # the budget the runner writes the tag itself. Both or neither.
+    think_budget: int | None = None
+    think_end: str | None = None
 
     @classmethod
     def from_dict(cls, data: Any) -> "CompletionRequest":
@@ -125,9 +151,7 @@ class CompletionRequest:
             raise InvalidRequest("prompt or tokens is required")
         if prompt is not None and not isinstance(prompt, str):
             raise InvalidRequest("prompt must be a string")
-        if tokens is not None and (not isinstance(tokens, list)
-                                   or not all(isinstance(t, int) and not isinstance(t, bool)
-                                              for t in tokens)):
+        if tokens is not None and (not isinstance(tokens, list) or not _is_token_ids(tokens)):
             raise InvalidRequest("tokens must be a list of integers")
         top = data.get("top_logprobs") or 0
         if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
@@ -141,11 +165,21 @@ class CompletionRequest:
         after = data.get("format_after") or None
         if after is not None and not isinstance(after, str):
             raise InvalidRequest("format_after must be a string")
+        shift = data.get("shift", True)
+        if not isinstance(shift, bool):
+            raise InvalidRequest("shift must be a boolean")
+        budget, end = data.get("think_budget"), data.get("think_end")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
+                                   or budget < 0):
+            raise InvalidRequest("think_budget must be a non-negative integer")
+        if (budget is None) != (end is None) or (end is not None and
+                                                 (not isinstance(end, str) or not end)):
+            raise InvalidRequest("think_budget and think_end (a string) go together")
         return cls(prompt=prompt, tokens=tokens, options=Options.from_dict(data.get("options")),
                    logprobs=bool(data.get("logprobs")) or top > 0, top_logprobs=top, format=fmt,
                    add_special=add_special,
                    return_prompt_tokens=bool(data.get("return_prompt_tokens")),
-                   format_after=after)
+                   format_after=after, shift=shift, think_budget=budget, think_end=end)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"options": self.options.to_dict()}
@@ -164,6 +198,10 @@ class CompletionRequest:
             d["return_prompt_tokens"] = True
         if self.format is not None and self.format_after:
             d["format_after"] = self.format_after
+        if not self.shift:
+            d["shift"] = False
+        if self.think_budget is not None and self.think_end:
+            d["think_budget"], d["think_end"] = self.think_budget, self.think_end
         return d
 
 
@@ -205,11 +243,8 @@ class Chunk:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Chunk":
-        return cls(**{k: d[k] for k in _CHUNK_FIELDS if k in d and d[k] is not None})
-
-
-_CHUNK_FIELDS = tuple(f.name for f in dataclasses.fields(Chunk))
+    def from_dict(cls, d: Any) -> "Chunk":
+        return cls(**_read_fields(cls, d, "stream line"))
 
 
 def error_body(err: MlxrError) -> dict[str, Any]:
@@ -243,9 +278,8 @@ class RunnerStatus:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunnerStatus":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+    def from_dict(cls, d: Any) -> "RunnerStatus":
+        return cls(**_read_fields(cls, d, "status"))
 
 
 MAX_EMBED_INPUTS = 2048
@@ -286,7 +320,7 @@ class EmbedRequest:
         if not isinstance(truncate, bool):
             raise InvalidRequest("truncate must be a boolean")
         dims = data.get("dimensions")
-        if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
+        if dims is not None and (not _is_int(dims) or dims < 1):
             raise InvalidRequest("dimensions must be a positive integer")
         return cls(input=raw, truncate=truncate, dimensions=dims)
 
@@ -295,7 +329,10 @@ class EmbedRequest:
 
 
 def _is_token_ids(items: list[Any]) -> bool:
-    return all(isinstance(t, int) and not isinstance(t, bool) for t in items)
+    """Integers that fit 64 bits (what the wire's JSON writer takes); which ids a model has
+    is the runner's to check."""
+    return all(isinstance(t, int) and not isinstance(t, bool) and -(1 << 63) <= t < 1 << 63
+               for t in items)
 
 
 @dataclass(slots=True)
@@ -312,6 +349,55 @@ class EmbedResponse:
                 "total_duration": self.total_duration}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EmbedResponse":
-        return cls(embeddings=d["embeddings"], prompt_eval_count=d.get("prompt_eval_count", 0),
-                   total_duration=d.get("total_duration", 0))
+    def from_dict(cls, d: Any) -> "EmbedResponse":
+        fields = _read_fields(cls, d, "embeddings reply")
+        rows = fields.get("embeddings")
+        if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
+            raise RunnerFailed("runner sent an embeddings reply without rows of numbers")
+        return cls(**fields)
+
+
+# -- reading what a runner sent ----------------------------------------------------------------
+# Only a runner writes Chunk, RunnerStatus and EmbedResponse, so one that is not what its type
+# says is a runner's bug: a RunnerFailed (500) naming the field, never a TypeError later.
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < 1 << 63
+
+
+def _is_logprobs(value: Any) -> bool:
+    def entry(e: Any) -> bool:
+        return isinstance(e, dict) and isinstance(e.get("token"), str)
+    return isinstance(value, list) and all(
+        entry(e) and isinstance(e.get("top_logprobs", []), list)
+        and all(entry(t) for t in e.get("top_logprobs", [])) for e in value)
+
+
+_WIRE_TYPES: dict[str, Any] = {
+    "str": lambda v: isinstance(v, str), "str | None": lambda v: isinstance(v, str),
+    "bool": lambda v: isinstance(v, bool), "int": _is_int,
+    "float": lambda v: _is_int(v) or isinstance(v, float),
+    "list[int]": lambda v: isinstance(v, list) and _is_token_ids(v),
+    "list[int] | None": lambda v: isinstance(v, list) and _is_token_ids(v),
+    "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "list[dict[str, Any]] | None": _is_logprobs,
+}
+
+
+def _read_fields(cls: type, d: Any, what: str) -> dict[str, Any]:
+    """The fields of the dataclass `cls` found in `d`, each checked against its declared type
+    (a null is an absent field); a required one missing, or any of the wrong type, is a
+    RunnerFailed."""
+    if not isinstance(d, dict):
+        raise RunnerFailed(f"runner sent a {what} that is not an object")
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        value = d.get(f.name)
+        if value is None:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise RunnerFailed(f"runner sent a {what} without {f.name}")
+            continue
+        if not _WIRE_TYPES.get(str(f.type), lambda v: True)(value):
+            raise RunnerFailed(f"runner sent a {what} with a bad {f.name}: {value!r:.80}")
+        out[f.name] = value
+    return out

@@ -205,7 +205,11 @@ async def _with_pings(completion: Completion, interval_s: float
 async def _events(service: Any, call: MessagesCall, completion: Completion,
                   builder: MessageBuilder, source: AsyncIterator[Any]
                   ) -> AsyncIterator[dict[str, Any]]:
-    """Anthropic's events for one request, from message_start to message_stop."""
+    """Anthropic's events for one request, from message_start to message_stop. A stream's
+    message_start carries the prompt's token count, as Anthropic's does (the runner's
+    tokenizer counts it; the final counts come in message_delta)."""
+    if call.stream:
+        builder.usage["input_tokens"] = await service.count_tokens(call.chat)
     for event in builder.start():
         yield event
     final = None

@@ -99,10 +99,11 @@ def _chat_request(body: dict[str, Any]) -> ChatRequest:
         force, keep = tool_choice(choice, tools)
         tools = tools if keep else []
     think, fmt = output_config(body.get("output_config"))
+    budget = None
     if body.get("thinking") is not None:
-        think = thinking(body["thinking"])
+        think, budget = thinking(body["thinking"])
     return ChatRequest(model=model, messages=messages, tools=tools, think=think, format=fmt,
-                       force_call=force)
+                       force_call=force, think_budget=budget)
 
 
 # -- fields ------------------------------------------------------------------------------------
@@ -252,21 +253,22 @@ def tool_choice(choice: Any, tools: list[dict[str, Any]]) -> tuple[ForcedCall | 
     return ForcedCall(name), True
 
 
-def thinking(value: Any) -> bool | None:
-    """`{"type": "enabled", "budget_tokens": N}` turns thinking on (the budget is checked, not
-    enforced), "disabled" off, "adaptive" or none leaves the model's default."""
+def thinking(value: Any) -> tuple[bool | None, int | None]:
+    """(think, budget): `{"type": "enabled", "budget_tokens": N}` turns thinking on with at
+    most N thinking tokens (the runner then closes the thinking section itself), "disabled"
+    off, "adaptive" or none leaves the model's default."""
     if value is None:
-        return None
+        return None, None
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "enabled":
         budget = value.get("budget_tokens")
         if budget is not None and (not _is_int(budget) or budget < 1):
             raise InvalidRequest("thinking.budget_tokens: must be a positive integer")
-        return True
+        return True, budget
     if kind == "disabled":
-        return False
+        return False, None
     if kind == "adaptive":
-        return None
+        return None, None
     raise InvalidRequest("thinking.type: must be 'enabled', 'disabled' or 'adaptive'")
 
 

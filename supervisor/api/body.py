@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from mlxr.shared.config import parse_duration
@@ -27,17 +28,54 @@ MAX_PROMPTS = 64
 
 async def read_json(request: web.Request) -> dict[str, Any]:
     """The request body as a JSON object. An empty body is Ollama's 400 `missing request body`;
-    bad JSON is a 400 too."""
+    bad JSON is a 400 too: not UTF-8, a lone surrogate, NaN or Infinity (none of them JSON,
+    and Go refuses them too), or nesting deeper than `MAX_JSON_DEPTH`. An integer past 64 bits
+    is read as a float, as Go reads a number into an untyped value."""
     raw = await request.read()
     if not raw.strip():
         raise InvalidRequest("missing request body")
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"invalid JSON body: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequest("request body must be a JSON object")
+    check_depth(data, raw)
     return data
+
+
+# Deeper bodies are refused, so that what is accepted can be walked, validated, rendered and
+# written again (orjson writes at most 254 levels; Python's json and templates recurse).
+MAX_JSON_DEPTH = 64
+_CONTAINERS = frozenset((dict, list))
+
+
+def check_depth(data: Any, raw: bytes = b"") -> None:
+    """A 400 when `data` nests deeper than MAX_JSON_DEPTH (the top object is level 1). Walks
+    level by level, skipping lists of scalars at C speed: cheap next to reading the body."""
+    if raw and raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return  # it cannot nest deeper than it has brackets
+    level, depth = [data] if type(data) in _CONTAINERS else [], 1
+    while level:
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidRequest(f"request body nests deeper than {MAX_JSON_DEPTH} levels")
+        below = []
+        for container in level:
+            items = container.values() if type(container) is dict else container
+            if not _CONTAINERS.isdisjoint(map(type, items)):
+                below.extend(v for v in items if type(v) in _CONTAINERS)
+        level, depth = below, depth + 1
+
+
+def json_text(text: str, what: str, param: str | None = None) -> Any:
+    """JSON held in a string field (a tool call's `arguments`), read as a body is: a 400
+    when it is not JSON or nests too deep."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest(f"{what} must be JSON", param=param) from None
+    check_depth(value)
+    return value
 
 
 # -- fields several routes share ---------------------------------------------------------------
@@ -141,8 +179,7 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
     top = check_top_logprobs(body.get("top_logprobs") or 0)
     options = options_field(body)
     stream_wanted(body)  # type-checked here, before anything runs
-    bool_field(body, "shift", True)  # accepted; see ChatRequest.shift
-    return dict(model=str_field(body, "model"), think=think_field(body.get("think")),
+    return dict(model=str_field(body, "model"), shift=bool_field(body, "shift", True), think=think_field(body.get("think")),
                 format=body.get("format"), options=options,
                 keep_alive_s=keep_alive_field(body), logprobs=bool_field(body, "logprobs", False),
                 top_logprobs=top)
@@ -151,7 +188,8 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
 def parse_generate(body: dict[str, Any]) -> GenerateRequest:
     context = body.get("context")
     if context is not None and (not isinstance(context, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in context)):
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 63
+            for t in context)):
         raise InvalidRequest("context must be a list of token ids")
     return GenerateRequest(prompt=str_field(body, "prompt"), suffix=str_field(body, "suffix"),
                            system=str_field(body, "system") or None,
@@ -169,11 +207,41 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
             raise InvalidRequest("message content must be a string")
         if m["role"] != m["role"].lower():  # Ollama lower-cases roles ("USER" is a user turn)
             messages[i] = {**m, "role": m["role"].lower()}
+        _check_message_fields(messages, i)
     tools = list_field(body, "tools")
     if not all(isinstance(t, dict) for t in tools):
         raise InvalidRequest("tools must be a list of objects")
     return ChatRequest(messages=messages, tools=tools, truncate=bool_field(body, "truncate", True),
                        **_common(body))
+
+
+def _check_message_fields(messages: list[Any], i: int) -> None:
+    """The rest of api.Message's fields have its types (Go's decoder refuses others): text
+    fields are strings, `images` a list of strings, and each of `tool_calls` a function
+    with a name and an object of arguments (an absent one is {}, as Go reads it)."""
+    m = messages[i]
+    for key in ("thinking", "tool_name", "tool_call_id"):
+        if m.get(key) is not None and not isinstance(m[key], str):
+            raise InvalidRequest(f"message {key} must be a string")
+    images = m.get("images")
+    if images is not None and (not isinstance(images, list)
+                               or not all(isinstance(x, str) for x in images)):
+        raise InvalidRequest("message images must be a list of base64 strings")
+    calls = m.get("tool_calls")
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise InvalidRequest("message tool_calls must be a list")
+    checked = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise InvalidRequest("each tool call needs a function with a name")
+        args = fn.get("arguments")
+        if args is not None and not isinstance(args, dict):
+            raise InvalidRequest("tool call arguments must be an object")
+        checked.append({**call, "function": {**fn, "arguments": args or {}}})
+    messages[i] = {**m, "tool_calls": checked}
 
 
 def parse_embed(body: dict[str, Any]) -> EmbedCall:

@@ -7,18 +7,27 @@
   gets its headers just before they are sent (streams included).
 - API key: with MLXR_API_KEY set, every route but `OPEN_PATHS` needs it as a bearer token
   (or as `x-api-key`, the header Anthropic's clients send).
+- Hosts: on a server bound to a loopback address, a request whose Host header does not name
+  this machine is a 403, as in Ollama: a web page that rebinds its own domain name to
+  127.0.0.1 (DNS rebinding) must not read the API. Not applied on a Unix socket.
+- Drain: counts requests in flight so shutdown can wait for them; after `begin`, new requests
+  get a 503 "server shutting down".
 """
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import hmac
+import ipaddress
 import logging
-from typing import Any
+import socket
+from typing import Any, Iterable
 
+import psutil
 from aiohttp import web
 
-from mlxr.shared.errors import MlxrError, Unauthorized
+from mlxr.shared.errors import Forbidden, MlxrError, ServerBusy, Unauthorized
 
 log = logging.getLogger("mlxr.http")
 
@@ -135,3 +144,106 @@ def make_api_key_middleware(key: str):
         return await handler(request)
 
     return check
+
+
+# -- Hosts (DNS rebinding) ---------------------------------------------------------------------
+
+# Ollama's rules: these name suffixes and these IP ranges are this machine or its network.
+LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
+PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"))
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a listen address is a loopback one ("localhost" or a loopback IP)."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def host_name(header: str) -> str:
+    """The name in a Host header, without its port or an IPv6 address's brackets."""
+    header = header.strip()
+    if header.startswith("["):
+        return header[1:].partition("]")[0].lower()
+    if header.count(":") == 1:
+        header = header.partition(":")[0]
+    return header.lower().rstrip(".")
+
+
+def _interface_addresses() -> frozenset[str]:
+    try:
+        return frozenset(a.address.split("%")[0] for addrs in psutil.net_if_addrs().values()
+                         for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6))
+    except (OSError, RuntimeError):
+        return frozenset()
+
+
+class HostCheck:
+    """`middleware` refuses (403) a request whose Host is not this machine: a loopback,
+    private, unspecified or local interface address, "localhost", this machine's name, or a
+    name under .localhost, .local or .internal."""
+
+    def __init__(self, hostname: str | None = None, addresses: Iterable[str] | None = None):
+        self.hostname = (socket.gethostname() if hostname is None else hostname).lower()
+        self.addresses = frozenset(_interface_addresses() if addresses is None else addresses)
+
+    def allowed(self, header: str) -> bool:
+        name = host_name(header)
+        if not name or name == "localhost" or name == self.hostname:
+            return True
+        try:
+            ip = ipaddress.ip_address(name)
+        except ValueError:
+            return name.endswith(LOCAL_SUFFIXES)
+        return (ip.is_loopback or ip.is_unspecified or str(ip) in self.addresses
+                or any(ip in net for net in PRIVATE_NETWORKS if net.version == ip.version))
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler):
+        host = request.headers.get("Host", "")
+        if not self.allowed(host):
+            raise Forbidden(f"host {host!r} is not allowed: this server listens on a loopback "
+                            f"address and answers only requests for this machine")
+        return await handler(request)
+
+
+# -- Drain (graceful shutdown) -----------------------------------------------------------------
+
+class Drain:
+    """Counts requests in flight. After `begin()`, new requests are a 503 and `wait_idle`
+    tells when the running ones have finished."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.stopping = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def begin(self) -> None:
+        self.stopping = True
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """True once no request is in flight; False if `timeout_s` passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler):
+        if self.stopping:
+            raise ServerBusy("server shutting down")
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            return await handler(request)
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()

@@ -8,12 +8,12 @@ unset `max_tokens` means no limit.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from mlxr.shared.errors import InvalidRequest
-from mlxr.supervisor.api.body import (MAX_CHOICES, MAX_PROMPTS, check_top_logprobs, reasoning_effort_field)
+from mlxr.supervisor.api.body import (MAX_CHOICES, MAX_PROMPTS, check_top_logprobs, json_text,
+                                      reasoning_effort_field)
 from mlxr.supervisor.inference.tool_calls import ForcedCall
 from mlxr.supervisor.inference.types import EmbedCall
 
@@ -201,6 +201,8 @@ def message_to_ollama(m: Any) -> dict[str, Any]:
         raise InvalidRequest("message content must be a string or a list of parts",
                              param="messages")
     if m.get("tool_calls"):
+        if not isinstance(m["tool_calls"], list):
+            raise InvalidRequest("tool_calls must be a list", param="messages")
         out["tool_calls"] = [_tool_call_to_ollama(c) for c in m["tool_calls"]]
     if role == "tool" and isinstance(m.get("name"), str) and m["name"]:
         out["tool_name"] = m["name"]
@@ -225,10 +227,9 @@ def _tool_call_to_ollama(call: Any) -> dict[str, Any]:
         raise InvalidRequest("tool_calls need a function with a name", param="messages")
     args = fn.get("arguments") or {}
     if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError:
-            raise InvalidRequest("tool call arguments must be JSON", param="messages") from None
+        args = json_text(args, "tool call arguments", "messages") if args.strip() else {}
+    if not isinstance(args, dict):  # Ollama's arguments are a map
+        raise InvalidRequest("tool call arguments must be a JSON object", param="messages")
     out: dict[str, Any] = {"function": {"name": fn["name"], "arguments": args}}
     if isinstance(call.get("id"), str) and call["id"]:
         out["id"] = call["id"]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from mlxr.shared.errors import InvalidRequest
-from mlxr.supervisor.api.body import read_json
+from mlxr.supervisor.api.body import json_text, read_json
 from mlxr.supervisor.api.keys import SERVICE
 from mlxr.supervisor.api.responses_events import ResponseBuilder, write_stream
 from mlxr.supervisor.inference.tool_calls import ForcedCall
@@ -341,10 +340,8 @@ def function_call_to_ollama(item: dict[str, Any], i: int) -> dict[str, Any]:
         raise InvalidRequest(f"input[{i}]: a function_call needs a call_id and a name",
                              param="input")
     args = item.get("arguments") or "{}"
-    try:
-        parsed = json.loads(args) if isinstance(args, str) else None
-    except ValueError:
-        parsed = None
+    what = f"input[{i}]: function_call arguments"
+    parsed = json_text(args, what, "input") if isinstance(args, str) else None
     if not isinstance(parsed, dict):
         raise InvalidRequest(f"input[{i}]: function_call arguments must be a JSON object",
                              param="input")

@@ -182,7 +182,7 @@ class ResponseBuilder:
             "input_tokens": final.prompt_eval_count,
             "input_tokens_details": {"cached_tokens": final.prompt_eval_cached_count},
             "output_tokens": final.eval_count,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": final.reasoning_count},
             "total_tokens": final.prompt_eval_count + final.eval_count}
         self._event(f"response.{status}", response=self.response)
 

@@ -2,7 +2,7 @@
 pull, push. Handlers parse (body.py), call the store (the app's `keys.STORE`), serialize;
 errors are `shared.errors` types that the error middleware renders. Streaming endpoints
 validate before their first line, so bad input is a 4xx, and an error after streaming began is
-a final `{"error": ...}` line."""
+a final `{"error": ...}` line. A full disk is a 507 (or that final line) saying what was kept."""
 
 from __future__ import annotations
 
@@ -12,17 +12,18 @@ from typing import Any, AsyncIterator
 
 from aiohttp import web
 
-from mlxr.shared.errors import MlxrError, PayloadTooLarge
+from mlxr.shared.errors import InsufficientStorage, MlxrError, PayloadTooLarge
 from mlxr.shared.ndjson import dumps_line
 from mlxr.supervisor.api.body import bool_field, model_field, parse_copy, read_json
-from mlxr.supervisor.api.keys import STORE
-from mlxr.supervisor.store.blobs import parse_digest
+from mlxr.supervisor.api.keys import SERVICE, STORE
+from mlxr.supervisor.store.blobs import parse_digest, removed
 from mlxr.supervisor.store.create import CreateRequest, create_model
+from mlxr.supervisor.store.files import check_room
 from mlxr.supervisor.store.metadata import (chat_template_of, tensor_list,
                                             with_template_capabilities)
 from mlxr.supervisor.store.modelfile import format_parameters, render_modelfile
-from mlxr.supervisor.store.store import ModelRecord, Store, model_details
-from mlxr.supervisor.store.transfer import pull_model, push_model
+from mlxr.supervisor.store.store import ADAPTER_DIR, ModelRecord, Store, model_details
+from mlxr.supervisor.store.transfer import REGISTRY_TIMEOUT_S, pull_model, push_model
 
 log = logging.getLogger("mlxr.store")
 MAX_BLOB_BYTES = 1 << 40
@@ -63,14 +64,26 @@ async def show(request: web.Request) -> web.Response:
     return web.json_response(await asyncio.to_thread(_show, store, record, verbose))
 
 
+def _adapter_paths(store: Store, record: ModelRecord, manifest: Any) -> list[str]:
+    """Where the model's adapters are, for ADAPTER lines: a GGUF adapter's blob (as Ollama
+    shows it), or the directory of a safetensors adapter's files, which `create` reads back."""
+    layers = manifest.adapters()
+    paths = [str(store.blobs.path(x.hex)) for x in layers if x.name is None]
+    if layers and not paths:
+        paths.append(str(store.runner_dir(record) / ADAPTER_DIR))
+    return paths
+
+
 def _show(store: Store, record: ModelRecord, verbose: bool = False) -> dict[str, Any]:
     """Ollama's show; `verbose` adds `tensors` (each tensor's name, type and shape)."""
-    files = {x.name: store.blobs.path(x.hex) for x in store.manifest_of(record).files()}
+    manifest = store.manifest_of(record)
+    files = {x.name: store.blobs.path(x.hex) for x in manifest.files()}
     out: dict[str, Any] = {
         "modelfile": render_modelfile(record.name, template=record.template,
                                       system=record.system, params=record.params,
                                       license=[record.license] if record.license else [],
-                                      messages=record.messages),
+                                      messages=record.messages,
+                                      adapters=_adapter_paths(store, record, manifest)),
         "parameters": format_parameters(record.params),
         "template": record.template or chat_template_of(files) or "",
         "system": record.system or "",
@@ -109,6 +122,8 @@ async def upload_blob(request: web.Request) -> web.Response:
         return web.Response(status=200)
     if (request.content_length or 0) > MAX_BLOB_BYTES:
         raise PayloadTooLarge(f"blob larger than {MAX_BLOB_BYTES} bytes")
+    await asyncio.to_thread(check_room, store.blobs.root, request.content_length or 0,
+                            f"blob sha256:{hex_digest}")
     writer = await asyncio.to_thread(store.blobs.writer, hex_digest)
     try:
         buf = bytearray()
@@ -122,6 +137,9 @@ async def upload_blob(request: web.Request) -> web.Response:
         if buf:
             await asyncio.to_thread(writer.write, bytes(buf))
         await asyncio.to_thread(writer.commit)
+    except InsufficientStorage as exc:
+        writer.abort()
+        raise removed(exc) from None
     except BaseException:
         writer.abort()
         raise
@@ -135,17 +153,25 @@ async def create(request: web.Request) -> web.StreamResponse:
                            bool_field(body, "stream", True))
 
 
+def registry_timeout_s(request: web.Request) -> float:
+    """The settings' MLXR_REGISTRY_TIMEOUT (the default for an app built without a service)."""
+    service = request.app.get(SERVICE)
+    return service.settings.registry_timeout_s if service is not None else REGISTRY_TIMEOUT_S
+
+
 async def pull(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     items = pull_model(request.app[STORE], model_field(body),
-                       insecure=bool_field(body, "insecure", False))
+                       insecure=bool_field(body, "insecure", False),
+                       timeout_s=registry_timeout_s(request))
     return await _progress(request, items, bool_field(body, "stream", True))
 
 
 async def push(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     items = push_model(request.app[STORE], model_field(body),
-                       insecure=bool_field(body, "insecure", False))
+                       insecure=bool_field(body, "insecure", False),
+                       timeout_s=registry_timeout_s(request))
     return await _progress(request, items, bool_field(body, "stream", True))
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import httpx
 
+from mlxr.shared.runner_auth import token_from_file
+
 
 
 def free_port() -> int:
@@ -84,9 +86,14 @@ def wait_until(process: Process, path: str, ready, timeout_s: float = 180) -> No
 
 def start_runner(model_dir: Path, workdir: Path, num_parallel: int, **config) -> Process:
     port = free_port()
-    cfg = {"model_dir": str(model_dir), "port": port, "num_parallel": num_parallel, **config}
+    # The runner needs its secret on every request: made here, in a file only we can read; the
+    # URL carries it as basic-auth credentials, which httpx sends.
+    token_file = workdir / "runner.token"
+    token = token_from_file(token_file)
+    cfg = {"model_dir": str(model_dir), "port": port, "num_parallel": num_parallel,
+           "token_file": str(token_file), **config}
     p = _spawn("runner", [sys.executable, "-m", "mlxr.runner", "--config", json.dumps(cfg)],
-               f"http://127.0.0.1:{port}", child_env(), workdir)
+               f"http://runner:{token}@127.0.0.1:{port}", child_env(), workdir)
     wait_until(p, "/v1/status", lambda r: r.json().get("status") == "ready")
     status = httpx.get(p.url + "/v1/status", timeout=5).json()
     p.extra["blas"] = {"path": status.get("blas_path", ""), "config": status.get("blas_config", "")}

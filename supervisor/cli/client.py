@@ -72,9 +72,16 @@ def file_digest(path: Path, on_bytes: Callable[[int], None] | None = None) -> st
 
 
 class ApiClient:
+    """With `socket_path`, requests go over that Unix socket (MLXR_HOST=unix:///path) and
+    `base_url` only names it in messages."""
+
     def __init__(self, base_url: str, api_key: str | None = None,
-                 transport: httpx.BaseTransport | None = None):
+                 transport: httpx.BaseTransport | None = None, socket_path: Path | None = None):
+        if socket_path is not None:
+            transport = transport or httpx.HTTPTransport(uds=str(socket_path))
+            base_url = "http://localhost"
         self.base_url = base_url.rstrip("/")
+        self._where = f"unix:{socket_path}" if socket_path is not None else self.base_url
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # No read timeout: loading a model or a long reply may take minutes. Proxies from the
         # environment are for remote servers; a loopback server is reached directly.
@@ -94,8 +101,8 @@ class ApiClient:
     # -- transport ---------------------------------------------------------------------------
     def _lost(self, exc: httpx.TransportError) -> CliError:
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
-            return ServerUnreachable(self.base_url)
-        return ServerError(f"lost the connection to mlxr at {self.base_url}: {exc}")
+            return ServerUnreachable(self._where)
+        return ServerError(f"lost the connection to mlxr at {self._where}: {exc}")
 
     def request(self, method: str, path: str, body: Any = None, **kwargs: Any) -> httpx.Response:
         """One request; an error status raises `ServerError`."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from mlxr.shared.config import Settings, parse_host
+from mlxr.shared.config import Settings, parse_host, parse_socket
 from mlxr.shared.errors import MlxrError
 from mlxr.supervisor.cli.client import ApiClient, CliError, ServerError
 from mlxr.supervisor.cli.run import RunCommand, pull_with_progress
@@ -85,32 +85,31 @@ def make_client() -> ApiClient:
     settings = settings_from()
     local = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host)
     return ApiClient(dataclasses.replace(settings, host=local or settings.host).base_url,
-                     api_key=settings.api_key)
+                     api_key=settings.api_key, socket_path=settings.socket_path)
 
 
 @main.command()
-@click.option("--host", help="address to listen on, host:port (default: MLXR_HOST or "
-              "OLLAMA_HOST, else 127.0.0.1:11434)")
+@click.option("--host", help="address to listen on, host:port or unix:///path/to/socket "
+              "(default: MLXR_HOST or OLLAMA_HOST, else 127.0.0.1:11434)")
 @click.option("--models", help="model store directory (default: MLXR_MODELS)")
 @click.option("--max-loaded-models", type=int, help="runners kept loaded at once")
 @click.option("--num-parallel", type=int, help="requests a runner decodes together")
 @click.option("--context-length", type=int, help="default context length (num_ctx)")
 def serve(host, models, max_loaded_models, num_parallel, context_length) -> None:
     """Start the server."""
-    from aiohttp import web
+    from mlxr.supervisor import app
 
-    from mlxr.supervisor.app import make_app
-
-    settings = settings_from(host, models, max_loaded_models=max_loaded_models,
-                             num_parallel=num_parallel, context_length=context_length)
-    setup_logging(settings.debug)
-    log = logging.getLogger("mlxr")
-    app = make_app(settings)
-    log.info("Listening on %s:%d (version %s), models in %s", settings.host, settings.port,
-             version(), settings.models_dir)
-    # handler_cancellation: a client that disconnects cancels its request (and the runner's).
-    web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None,
-                handler_cancellation=True, shutdown_timeout=5.0)
+    try:
+        socket_path = parse_socket(host) if host else None
+        settings = settings_from(None if socket_path else host, models, socket_path=socket_path,
+                                 max_loaded_models=max_loaded_models, num_parallel=num_parallel,
+                                 context_length=context_length)
+        if host and not socket_path:  # the flag's TCP address wins over a socket in MLXR_HOST
+            settings = dataclasses.replace(settings, socket_path=None)
+        setup_logging(settings.debug)
+        app.serve(settings)
+    except (OSError, ValueError) as exc:  # bad settings, or the listener could not be made
+        raise click.ClickException(str(exc)) from None
 
 
 @main.command()

@@ -22,11 +22,14 @@ INTEGER = ("num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "num_ctx
 FLOAT = ("top_p", "min_p", "typical_p", "temperature", "repeat_penalty", "presence_penalty",
          "frequency_penalty")
 BOOLEAN = ("use_mmap",)
-# Accepted and type-checked, with no effect here: hardware placement is MLX's, `num_keep`
-# only matters to a context shift (mlxr never shifts; see ChatRequest), and `typical_p`
-# (locally typical sampling) is not one of mlxr's samplers.
-IGNORED = ("num_keep", "typical_p", "num_batch", "num_gpu", "main_gpu", "num_thread",
+# Accepted and type-checked, with no effect here: hardware placement is MLX's, and
+# `typical_p` (locally typical sampling) is not one of mlxr's samplers.
+IGNORED = ("typical_p", "num_batch", "num_gpu", "main_gpu", "num_thread",
            "use_mmap", "draft_num_predict")
+
+# Go's int64, what Ollama's integer options are: a larger value is a 400 here rather than a
+# number the runner protocol (orjson) cannot write.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def check_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -40,8 +43,11 @@ def check_options(options: dict[str, Any]) -> dict[str, Any]:
                     or (isinstance(value, float) and not math.isfinite(value)):
                 raise InvalidRequest(f'option "{key}" must be of type integer')
             out[key] = int(value)
+            if not INT64_MIN <= out[key] <= INT64_MAX:
+                raise InvalidRequest(f'option "{key}" is out of range for a 64-bit integer')
         elif key in FLOAT:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or (isinstance(value, float) and not math.isfinite(value)):
                 raise InvalidRequest(f'option "{key}" must be of type float32')
         elif key in BOOLEAN and not isinstance(value, bool):
             raise InvalidRequest(f'option "{key}" must be of type boolean')

@@ -36,6 +36,8 @@ class Prepared:
     # With thinking on, the text that ends the thinking section: the runner holds the output
     # to `format` only after it (Ollama: think first, then the constrained answer).
     format_after: str | None = None
+    # With thinking on, that text whatever the format (a thinking budget's forced ending).
+    think_end: str | None = None
 
 
 def prepare_chat(req: ChatRequest, record: Any, store: Any, context_length: int) -> Prepared:
@@ -64,7 +66,8 @@ def prepare_chat(req: ChatRequest, record: Any, store: Any, context_length: int)
     prompt = render(messages)
     parser = output_parser(renderer, prompt, think, _tool_parser(req, renderer, fmt))
     return Prepared(record, runner_dir, prompt, options, parser, format=fmt,
-                    format_after=_format_after(renderer, prompt, think, fmt))
+                    format_after=_format_after(renderer, prompt, think, fmt),
+                    think_end=_format_after(renderer, prompt, think, True))
 
 
 def prepare_generate(req: GenerateRequest, record: Any, store: Any,
@@ -106,11 +109,16 @@ def prepare_generate(req: GenerateRequest, record: Any, store: Any,
 def merge_options(record: Any, request_options: dict[str, Any] | None,
                   context_length: int) -> Options:
     """The Modelfile's parameters overridden by the request's options; `context_length`
-    (the server's default) when neither sets num_ctx."""
+    (the server's default) when neither sets num_ctx. A num_ctx past the model's own context
+    length is that length, as in Ollama (a huge one would be refused for memory, a 507)."""
     merged = {**(record.params or {}), **(request_options or {})}
     options = Options.from_dict(check_options(merged))
     if not options.num_ctx or options.num_ctx <= 0:
         options.num_ctx = context_length
+    config = getattr(record, "config", None)
+    trained = config.get("context_length") if isinstance(config, dict) else None
+    if isinstance(trained, int) and 0 < trained < options.num_ctx:
+        options.num_ctx = trained
     return options
 
 

@@ -92,7 +92,8 @@ class Service:
             return await self._load_or_unload(req.model, record, keep_alive, started, req.options)
         p = prepare_chat(req, record, self.store, self.settings.context_length)
         return await self._start(req.model, p, keep_alive, started, logprobs=req.logprobs,
-                                 top_logprobs=req.top_logprobs)
+                                 top_logprobs=req.top_logprobs, shift=req.shift,
+                                 think_budget=req.think_budget)
 
     async def generate(self, req: GenerateRequest) -> Completion:
         started = time.monotonic()
@@ -104,7 +105,7 @@ class Service:
         if p is None:
             return await self._load_or_unload(req.model, record, keep_alive, started, req.options)
         return await self._start(req.model, p, keep_alive, started, logprobs=req.logprobs,
-                                 top_logprobs=req.top_logprobs)
+                                 top_logprobs=req.top_logprobs, shift=req.shift)
 
     async def render_chat(self, req: ChatRequest) -> str:
         """The prompt a chat request would send (Ollama's `_debug_render_only`)."""
@@ -186,7 +187,8 @@ class Service:
     # -- the request path ----------------------------------------------------------------
 
     async def _start(self, model: str, p: Prepared, keep_alive: float, started: float, *,
-                     logprobs: bool = False, top_logprobs: int = 0) -> Completion:
+                     logprobs: bool = False, top_logprobs: int = 0,
+                     shift: bool = True, think_budget: int | None = None) -> Completion:
         spec = self._spec(p.record, p.runner_dir, p.options)
         lease = await self.manager.acquire(spec, keep_alive)
         loaded = time.monotonic()  # Ollama's load_duration: from the request to its runner
@@ -194,7 +196,9 @@ class Service:
             request = CompletionRequest(prompt=p.prompt, options=p.options,
                                         logprobs=logprobs or top_logprobs > 0,
                                         top_logprobs=top_logprobs, format=p.format,
-                                        format_after=p.format_after)
+                                        format_after=p.format_after, shift=shift)
+            if think_budget is not None and p.think_end:
+                request.think_budget, request.think_end = think_budget, p.think_end
             if p.want_context or p.context:
                 # The reply's `context` is the prompt's ids and the output's; the runner
                 # returns the prompt's on its final chunk. The given context's ids go as
@@ -221,6 +225,7 @@ class Service:
                       started: float, want_context: bool,
                       load_duration: int) -> AsyncIterator[Delta | Final]:
         out_tokens: list[int] = []
+        reasoning = 0
         last = None
         model = lease.slot.name  # metric labels use the canonical name, not what was typed
         try:
@@ -232,6 +237,8 @@ class Service:
                     last = now
                 out_tokens += chunk.tokens
                 thinking, content, calls = parser.feed(chunk.content)
+                if thinking and not (content or calls):
+                    reasoning += len(chunk.tokens)
                 delta = Delta(content, thinking, calls, with_bytes(chunk.logprobs))
                 if not chunk.done:
                     if delta:
@@ -255,7 +262,8 @@ class Service:
                     eval_count=chunk.eval_count, eval_duration=chunk.eval_duration,
                     load_duration=load_duration,
                     total_duration=_ns(time.monotonic() - started),
-                    context=_context(chunk.prompt_tokens, out_tokens) if want_context else None)
+                    context=_context(chunk.prompt_tokens, out_tokens) if want_context else None,
+                    reasoning_count=reasoning)
                 return
         finally:
             await stream.aclose()

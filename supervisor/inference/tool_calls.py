@@ -87,7 +87,7 @@ def parse_tool_call(body: str, index: int = 0) -> dict[str, Any] | None:
     `parameters`) as an Ollama tool call; None if it is not one."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # model output: it may be nested past Python's stack
         return None
     if not isinstance(data, dict):
         return None
@@ -98,7 +98,7 @@ def parse_tool_call(body: str, index: int = 0) -> dict[str, Any] | None:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(name, str) or not name or not isinstance(args, dict):
         return None
@@ -184,7 +184,7 @@ class JsonToolCallParser:
             return buf, []
         try:
             data = json.loads(buf)
-        except ValueError:
+        except (ValueError, RecursionError):
             return buf, []
         items = data if isinstance(data, list) else [data]
         calls = [parse_tool_call(json.dumps(item), i) for i, item in enumerate(items)]

@@ -28,6 +28,12 @@ class ChatRequest:
     # Ollama's `truncate`: an over-long chat drops its oldest turns (system messages and the
     # last user turn stay) to fit num_ctx; False keeps the whole chat (a 400 if too long).
     truncate: bool = True
+    # Ollama's `shift`: a reply that fills num_ctx drops older context (after num_keep
+    # tokens) and goes on; False ends it there with done_reason "length".
+    shift: bool = True
+    # At most this many output tokens of thinking (Anthropic's budget_tokens); then the
+    # runner writes the end-of-thinking tag itself and the answer follows. None: no limit.
+    think_budget: int | None = None
 
 
 @dataclass(slots=True)
@@ -46,6 +52,7 @@ class GenerateRequest:
     keep_alive_s: float | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    shift: bool = True  # as ChatRequest.shift
 
 
 @dataclass(slots=True)
@@ -88,6 +95,9 @@ class Final:
     load_duration: int = 0
     total_duration: int = 0
     context: list[int] | None = None
+    # Of eval_count, the tokens that went to the thinking (OpenAI's reasoning_tokens): those
+    # of runner chunks whose text was all thinking.
+    reasoning_count: int = 0
 
 
 class Completion:

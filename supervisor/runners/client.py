@@ -5,9 +5,11 @@ Invariants:
 - A runner never outlives the supervisor: its stdin is a pipe the runner watches
   (`watch_stdin`), and on Linux the kernel sends it SIGKILL when the supervisor dies
   (PR_SET_PDEATHSIG), which covers `kill -9` of the supervisor.
+- Every request carries the runner's secret, made here and written as the first line of its
+  stdin (never argv: `ps` shows argv to every user).
 - Every error raised here carries the last lines the runner wrote (`stderr_tail`).
 - Closing a completion stream closes its HTTP connection, which cancels the request in the
-  runner.
+  runner. `abort_streams` ends every open stream with a given error (server shutdown).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from mlxr.shared.config import RunnerConfig, Settings
 from mlxr.shared.errors import MlxrError, RunnerFailed, from_status, from_wire
 from mlxr.shared.exits import describe_exit
 from mlxr.shared.protocol import Chunk, CompletionRequest, EmbedRequest, EmbedResponse, RunnerStatus
+from mlxr.shared.runner_auth import auth_header, make_token
 
 log = logging.getLogger("mlxr.runner")
 
@@ -76,14 +79,17 @@ class RunnerClient:
     runner: docs/PERFORMANCE.md)."""
 
     def __init__(self, config: RunnerConfig, process: asyncio.subprocess.Process,
-                 blas: str | None = None):
+                 blas: str | None = None, token: str | None = None):
         self.config = config
         self.process = process
         self.blas = blas  # the library preloaded into it, if any
         self.base_url = f"http://{config.host}:{config.port}"
+        self._streams: set[CompletionStream] = set()
+        self._aborting: Callable[[], MlxrError] | None = None  # set by abort_streams
         # trust_env=False: proxy variables must never route loopback traffic elsewhere.
         self.http = aiohttp.ClientSession(
             base_url=self.base_url, trust_env=False,
+            headers={"Authorization": auth_header(token)} if token else None,
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
             timeout=aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=None))
         self._tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
@@ -93,6 +99,7 @@ class RunnerClient:
     @classmethod
     async def spawn(cls, config: RunnerConfig, *, module: str = "mlxr.runner",
                     blas: str | None = None) -> "RunnerClient":
+        """Start the runner; with `config.token_stdin` it gets a fresh secret on stdin."""
         # The runner inherits our environment (PATH, PYTHONPATH, HF_* ...); only the BLAS
         # preload is added (a library that passed its probe on this CPU, shared/blas.py),
         # which makes float32 matmuls several times faster on Linux CPU.
@@ -109,7 +116,16 @@ class RunnerClient:
             start_new_session=True)
         log.info("started runner pid %d for %s on port %d", process.pid, config.model_name,
                  config.port)
-        return cls(config, process, blas)
+        token = None
+        if config.token_stdin:
+            token = make_token()
+            assert process.stdin is not None
+            process.stdin.write(token.encode() + b"\n")
+            try:
+                await process.stdin.drain()
+            except ConnectionError:
+                pass  # it died at once: wait_ready says how
+        return cls(config, process, blas, token)
 
     async def _read_output(self) -> None:
         assert self.process.stdout is not None
@@ -183,6 +199,15 @@ class RunnerClient:
         finally:
             exited.cancel()
 
+    def abort_streams(self, make_error: Callable[[], MlxrError]) -> int:
+        """End every open completion stream with `make_error()` (its connection closes, which
+        cancels the request in the runner); returns how many there were."""
+        self._aborting = make_error  # and any stream asked for from now on
+        streams = list(self._streams)
+        for stream in streams:
+            stream.abort(make_error())
+        return len(streams)
+
     async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """Close stdin and send SIGTERM, then SIGKILL after `grace_s`; always reaps."""
         self._stopped = True
@@ -232,6 +257,8 @@ class RunnerClient:
     async def complete(self, request: CompletionRequest) -> "CompletionStream":
         """Send a completion. Errors found before streaming (bad input, context overflow)
         raise here with the runner's status; the returned stream yields `Chunk`s."""
+        if self._aborting is not None:
+            raise self._aborting()
         try:
             resp = await self.http.post("/v1/completions", data=orjson.dumps(request.to_dict()),
                                         headers={"content-type": "application/json"})
@@ -266,11 +293,15 @@ class CompletionStream:
     def __init__(self, client: RunnerClient, response: aiohttp.ClientResponse):
         self._client = client
         self._response = response
+        self._aborted: MlxrError | None = None
+        client._streams.add(self)
 
     async def __aiter__(self) -> AsyncIterator[Chunk]:
         pending = b""
         try:
             async for data in self._response.content.iter_any():
+                if self._aborted is not None:
+                    break
                 *lines, pending = (pending + data).split(b"\n")
                 for line in lines:
                     if not line.strip():
@@ -280,14 +311,26 @@ class CompletionStream:
                     if chunk.done:
                         return
         except TRANSPORT_ERRORS as exc:
-            raise await self._client._lost(exc) from None
+            if self._aborted is None:
+                raise await self._client._lost(exc) from None
         except orjson.JSONDecodeError as exc:
             raise RunnerFailed(f"runner sent an invalid line: {exc}") from None
+        finally:
+            self._client._streams.discard(self)
+        if self._aborted is not None:
+            raise self._aborted
         raise await self._client._lost(ConnectionError("stream ended without a final line"))
+
+    def abort(self, error: MlxrError) -> None:
+        """End the stream: the reader raises `error` instead of its next chunk."""
+        if self._aborted is None:
+            self._aborted = error
+            self._response.close()
 
     async def aclose(self) -> None:
         """Close the connection (not back to the pool), which cancels an unfinished request
         in the runner."""
+        self._client._streams.discard(self)
         self._response.close()
 
 
@@ -296,8 +339,9 @@ def _chunk(data: dict[str, Any]) -> Chunk:
     if "error" in data:
         err = data["error"]
         if isinstance(err, dict):
-            raise from_wire(int(err.get("status") or 500), str(err.get("message")),
-                            err.get("kind"))
+            status = err.get("status")
+            status = status if isinstance(status, int) and 400 <= status < 600 else 500
+            raise from_wire(status, str(err.get("message")), err.get("kind"))
         raise RunnerFailed(str(err))
     return Chunk.from_dict(data)
 
@@ -351,7 +395,8 @@ def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
             model_dir=str(spec.model_dir), model_name=spec.name, host="127.0.0.1",
             port=free_port(), num_parallel=settings.num_parallel,
             context_length=spec.context_length, prefix_cache_bytes=settings.prefix_cache_bytes,
-            kv_cache_bytes=spec.kv_cache_bytes, watch_stdin=True, blas=library or "off")
+            kv_cache_bytes=spec.kv_cache_bytes, watch_stdin=True, token_stdin=True,
+            blas=library or "off")
         client = await RunnerClient.spawn(config, module=settings.runner_module, blas=library)
         try:
             await client.wait_ready(settings.load_timeout_s)

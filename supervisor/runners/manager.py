@@ -10,6 +10,9 @@ Invariants:
   process exits on its own. Waiters are woken on every change.
 - Queue depth = requests waiting for a runner + requests beyond `num_parallel` per runner;
   a request that would queue past `max_queue` is refused (ServerBusy) before it waits.
+- A model that keeps failing to load is refused without spawning (failures.py); a
+  successful load or `unload` forgets its failures.
+- After `abort_all` (shutdown) no lease is given out; open streams end with its error.
 """
 
 from __future__ import annotations
@@ -24,16 +27,18 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol
 
 from mlxr.shared.config import Settings
-from mlxr.shared.errors import InsufficientMemory, ServerBusy
+from mlxr.shared.errors import InsufficientMemory, MlxrError, ServerBusy
 from mlxr.shared.exits import describe_exit
 from mlxr.shared.protocol import RunnerStatus
 from mlxr.supervisor.runners import memory
+from mlxr.supervisor.runners.failures import LoadFailures
 
 log = logging.getLogger("mlxr.manager")
 
 STATUS_INTERVAL_S = 5.0  # live memory is re-read this often, and after requests end
 REFRESH_AFTER_REQUEST_S = 1.0  # ...but not more often than this per runner
 BUSY_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
+SHUTTING_DOWN = "server shutting down"
 
 
 class Runner(Protocol):
@@ -43,6 +48,7 @@ class Runner(Protocol):
     async def wait_exit(self) -> int: ...
     async def stop(self) -> None: ...
     def stderr_tail(self) -> str: ...
+    def abort_streams(self, make_error: Callable[[], MlxrError]) -> int: ...
 
 
 class Clock(Protocol):
@@ -130,6 +136,9 @@ class RunnerManager:
         self._background: set[asyncio.Task] = set()
         self._watchers: set[asyncio.Task] = set()  # a subset of _background
         self._housekeeper: asyncio.Task | None = None
+        self._failures = LoadFailures(settings.max_load_failures,
+                                      settings.load_failure_cooldown_s, self._clock)
+        self._closing: Callable[[], MlxrError] | None = None
 
     # -- public API ----------------------------------------------------------------------
 
@@ -145,6 +154,8 @@ class RunnerManager:
 
     async def acquire(self, spec: LoadSpec, keep_alive_s: float) -> Lease:
         """A lease on a ready runner for `spec`, loading (and evicting) as needed."""
+        if self._closing is not None:
+            raise self._closing()
         slot = self._usable(spec)
         if slot is not None and slot.refs < self.settings.num_parallel:
             return self._lease(slot, keep_alive_s, 0.0)
@@ -165,6 +176,7 @@ class RunnerManager:
                         if old is not None:
                             await self._retire(old)
                             continue
+                        self._failures.check(spec.name, spec.digest)
                         # The load runs on its own, so a client that goes away mid-load
                         # does not kill it; the runner then idles out by keep-alive.
                         task = asyncio.ensure_future(self._load(spec, keep_alive_s))
@@ -177,6 +189,12 @@ class RunnerManager:
                     slot = await asyncio.shield(task)
                     if not slot.removed:
                         return self._lease(slot, keep_alive_s, slot.load_duration_s)
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if (self._closing is None or not task.cancelled()
+                            or (current is not None and current.cancelling())):
+                        raise
+                    raise self._closing() from None  # the load was cancelled by abort_all
                 finally:
                     self._pending[spec.name] -= 1
         finally:
@@ -203,6 +221,7 @@ class RunnerManager:
 
     async def unload(self, name: str) -> bool:
         """Unload now if idle, else as soon as its last request ends (keep_alive becomes 0)."""
+        self._failures.clear(name)  # unloading also ends a crash loop
         slot = self._slots.get(name)
         if slot is None:
             return False
@@ -225,6 +244,14 @@ class RunnerManager:
     def start(self) -> None:
         if self._housekeeper is None:
             self._housekeeper = asyncio.ensure_future(self._housekeeping())
+
+    def abort_all(self, make_error: Callable[[], MlxrError]) -> int:
+        """Shutdown: refuse new leases and end every open stream (and load waiters) with
+        `make_error()`; returns the number of streams ended."""
+        self._closing = make_error
+        for task in list(self._loads.values()):
+            task.cancel()
+        return sum(s.runner.abort_streams(make_error) for s in list(self._slots.values()))
 
     async def close(self) -> None:
         if self._housekeeper is not None:
@@ -275,7 +302,12 @@ class RunnerManager:
             await self._make_room(spec)
             start = self._clock.now()
             log.info("loading %s (estimated %.2f GiB)", spec.name, spec.estimate_bytes / memory.GIB)
-            runner = await self._factory(spec)
+            try:
+                runner = await self._factory(spec)
+            except MlxrError as err:
+                self._failures.record(spec.name, spec.digest, err)
+                raise
+            self._failures.clear(spec.name)
             now = self._clock.now()
             slot = Slot(spec=spec, runner=runner, keep_alive_s=keep_alive_s, last_used=now,
                         load_duration_s=now - start,

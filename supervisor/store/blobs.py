@@ -6,6 +6,8 @@ Invariants:
 - Temporary files end in `-partial` (downloads: `sha256-<hex>-partial`, resumable; local
   writes: `sha256-<hex>-partial-<id>` or `ingest-<id>-partial`) and are never read as blobs.
 - Blobs are immutable; they are removed only by the store's garbage collection.
+- A full disk while writing is an `InsufficientStorage` naming the blob; a failed local write
+  removes its partial file (the message says so), and only a download keeps its partial file.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlxr.shared.errors import InvalidRequest
+from mlxr.shared.errors import InsufficientStorage, InvalidRequest
 
-from .files import fsync_dir
+from .files import fsync_dir, no_space_as
 
 _DIGEST = re.compile(r"sha256[:\-]([0-9a-fA-F]{64})")
 COPY_CHUNK_BYTES = 4 << 20
@@ -56,6 +58,7 @@ class BlobWriter:
     expected: str | None
     partial: Path
     size: int = 0
+    source: Path | None = None  # the file being copied, if any (for error messages)
     _hash: "hashlib._Hash" = field(default_factory=hashlib.sha256)
     _file: object = None
 
@@ -78,8 +81,15 @@ class BlobWriter:
         self._hash = hashlib.sha256()
         self.size = 0
 
+    def writing(self) -> str:
+        """What this writer does, for error messages."""
+        if self.expected:
+            return f"writing blob {digest_ref(self.expected)}"
+        return f"writing a blob of {self.source}" if self.source else "writing a blob"
+
     def write(self, data: bytes) -> None:
-        self._file.write(data)
+        with no_space_as(self.writing()):
+            self._file.write(data)
         self._hash.update(data)
         self.size += len(data)
 
@@ -87,9 +97,13 @@ class BlobWriter:
         """Verify, fsync and rename into place; returns the hex digest. On a mismatch the
         partial file stays (the caller aborts or restarts it)."""
         f, self._file = self._file, None
-        f.flush()
-        os.fsync(f.fileno())
-        f.close()
+        try:
+            with no_space_as(self.writing()):
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            with contextlib.suppress(OSError):  # a full disk fails the flush in close again
+                f.close()
         actual = self._hash.hexdigest()
         if self.expected is not None and actual != self.expected:
             raise InvalidRequest(f"digest mismatch: expected sha256:{self.expected}, "
@@ -103,12 +117,21 @@ class BlobWriter:
         return actual
 
     def abort(self, keep: bool = False) -> None:
-        """Close; remove the partial file unless `keep` (a resumable download)."""
+        """Close; remove the partial file unless `keep` (a resumable download) and it holds
+        something to resume from."""
         if self._file is not None:
-            self._file.close()
+            with contextlib.suppress(OSError):  # its buffer cannot be flushed to a full disk
+                self._file.close()
             self._file = None
-        if not keep:
-            self.partial.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if not keep or self.partial.stat().st_size == 0:
+                self.partial.unlink()
+
+
+def removed(exc: InsufficientStorage) -> InsufficientStorage:
+    """A full disk while writing a blob whose partial file is now gone."""
+    return InsufficientStorage(f"{exc.message}: its partial file was removed, so the space "
+                               "it took is free again")
 
 
 class Blobs:
@@ -141,6 +164,9 @@ class Blobs:
         try:
             w.write(data)
             w.commit()
+        except InsufficientStorage as exc:
+            w.abort()
+            raise removed(exc) from None
         except BaseException:
             w.abort()
             raise
@@ -155,15 +181,24 @@ class Blobs:
                 return hex_digest, size, False
             tmp = self.root / f"sha256-{hex_digest}-partial-{uuid.uuid4().hex[:12]}"
             try:
-                os.replace(src, tmp)
-            except OSError:  # another file system: copy instead
-                shutil.copyfile(src, tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path(hex_digest))
+                try:
+                    os.replace(src, tmp)
+                except OSError:  # another file system: copy instead
+                    with no_space_as(f"writing blob {digest_ref(hex_digest)}"):
+                        shutil.copyfile(src, tmp)
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path(hex_digest))
+            except InsufficientStorage as exc:
+                tmp.unlink(missing_ok=True)
+                raise removed(exc) from None
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
             fsync_dir(self.root)
             return hex_digest, size, True
         w = self.writer()
+        w.source = src
         try:
             with open(src, "rb") as f:
                 while chunk := f.read(COPY_CHUNK_BYTES):
@@ -171,6 +206,9 @@ class Blobs:
             size = w.size
             existed = self.exists(w._hash.hexdigest())
             hex_digest = w.commit()
+        except InsufficientStorage as exc:
+            w.abort()
+            raise removed(exc) from None
         except BaseException:
             w.abort()
             raise
@@ -190,7 +228,8 @@ class Blobs:
             os.link(src, tmp)
             how = "hardlink"
         except OSError:
-            os.symlink(src.resolve(), tmp)
+            with no_space_as(f"linking blob {digest_ref(hex_digest)}"):
+                os.symlink(src.resolve(), tmp)
             how = "symlink"
         try:
             os.replace(tmp, self.path(hex_digest))

@@ -6,7 +6,10 @@ messages.
 before its first item, so a caller that awaits the first item turns bad input into a 400/404
 rather than a broken stream. Blobs are pinned from the moment they are known until the
 manifest is written (see store.py). A model's adapter is stored (adapters.py) or the create
-fails: an adapter is never dropped, and one inherited from a base model is kept.
+fails: an adapter is never dropped, and one inherited from a base model is kept. A create that
+fails (a full disk included: a 507 naming what was being written) leaves the store as it was:
+no manifest, its partial and temporary files removed, and the blobs it wrote discarded unless
+something else names or pins them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from mlxr.shared.errors import InvalidRequest, MlxrError
+from mlxr.shared.errors import InsufficientStorage, InvalidRequest, MlxrError
+from mlxr.shared.model_checks import check_model_files
 
 from . import adapters as lora
 from . import manifest as mf
@@ -31,6 +35,7 @@ from .blobs import digest_ref, parse_digest
 from .config_blob import make_config_blob, make_gguf_config_blob, random_label
 from .conversions import converting
 from .create_request import CreateRequest, RandomSpec  # noqa: F401  (RandomSpec: re-exported)
+from .files import is_no_space, no_space_in, says_no_space
 from .gguf.convert import GgufSummary, check_supported, is_gguf
 from .manifest import Layer, Manifest
 from .names import ModelName, parse_name
@@ -107,6 +112,8 @@ def _prepare(store: Store, req: CreateRequest) -> _Plan:
             raise InvalidRequest(f'model "{req.from_}" has no model files to build on')
         plan.blob_files = {x.name: x for x in layers}
         plan.adapter_layers = m.adapters()
+    check_model_files(select_files(plan.directory) if plan.directory else  # hostile files: 400
+                      {n: store.blobs.path(x.hex) for n, x in plan.blob_files.items()})
     _prepare_adapter(store, req, plan)
     if plan.quant and (plan.gguf or plan.gguf_file):
         raise InvalidRequest("quantizing a GGUF model is not supported: its tensors keep the "
@@ -155,9 +162,10 @@ async def _store_adapter(store: Store, plan: _Plan, work: Path,
                                       work / "adapter" / lora.ADAPTER_WEIGHTS)
     config = plan.adapter.config_bytes()
     pin(hashlib.sha256(config).hexdigest())
-    config_hex, _ = await asyncio.to_thread(store.blobs.add_bytes, config)
+    config_hex, config_created = await asyncio.to_thread(store.blobs.add_bytes, config)
+    pin(config_hex, config_created)
     hex_digest, size, created = await asyncio.to_thread(store.blobs.add_file, weights, True)
-    pin(hex_digest)
+    pin(hex_digest, created)
     plan.adapter_layers = [
         Layer(mf.MEDIA_ADAPTER, digest_ref(hex_digest), size, name=lora.ADAPTER_WEIGHTS),
         Layer(mf.MEDIA_ADAPTER, digest_ref(config_hex), len(config), name=lora.ADAPTER_CONFIG)]
@@ -216,10 +224,14 @@ async def create_model(store: Store, req: CreateRequest, *,
     plan = await asyncio.to_thread(_prepare, store, req)
     plan.owned = move_files
     pins: list[str] = []
+    made: set[str] = set()  # blobs this create wrote: discarded if it fails
+    done = False
 
-    def pin(hex_digest: str) -> None:
+    def pin(hex_digest: str, created: bool = False) -> None:
         store.pin(hex_digest)
         pins.append(hex_digest)
+        if created:
+            made.add(hex_digest)
 
     for layer in [*plan.blob_files.values(), *plan.adapter_layers]:
         pin(layer.hex)
@@ -241,13 +253,16 @@ async def create_model(store: Store, req: CreateRequest, *,
         if plan.gguf_file is not None:
             hex_digest, size, created = await asyncio.to_thread(store.blobs.add_file,
                                                                 plan.gguf_file, False)
-            pin(hex_digest)
+            pin(hex_digest, created)
             plan.gguf = Layer(mf.MEDIA_MODEL, digest_ref(hex_digest), size)
             verb = "creating new layer" if created else "using existing layer"
             yield {"status": f"{verb} {plan.gguf.digest}"}
         if plan.gguf is not None:
-            async for status in converting(store, plan.gguf.hex):
-                yield status
+            try:
+                async for status in converting(store, plan.gguf.hex):
+                    yield status
+            except MlxrError as exc:
+                raise no_space_in(exc, "converting the GGUF model to MLX") from None
         layers = [plan.blob_files[n] for n in sorted(plan.blob_files)]  # deterministic
         if plan.gguf is not None:
             layers = [plan.gguf]
@@ -267,16 +282,29 @@ async def create_model(store: Store, req: CreateRequest, *,
             config = await asyncio.to_thread(make_config_blob, paths, layers + meta, template,
                                              label)
         pin(hashlib.sha256(config).hexdigest())
-        config_hex, _ = await asyncio.to_thread(store.blobs.add_bytes, config)
+        config_hex, created = await asyncio.to_thread(store.blobs.add_bytes, config)
+        pin(config_hex, created)
         m = Manifest(Layer(mf.MEDIA_CONFIG, digest_ref(config_hex), len(config)), layers + meta)
         yield {"status": "writing manifest"}
         await asyncio.to_thread(store.write_manifest, plan.name, m.to_bytes())
+        done = True
         yield {"status": "success"}
+    except InsufficientStorage as exc:
+        raise InsufficientStorage(f"{exc.message} (creating {plan.name.display}: the store is "
+                                  "unchanged)") from None
+    except OSError as exc:
+        if not is_no_space(exc):
+            raise
+        raise InsufficientStorage(f"no space left on device while creating "
+                                  f"{plan.name.display} ({exc.filename or exc.strerror}): the "
+                                  "store is unchanged") from None
     finally:
         for hex_digest in pins:
             store.unpin(hex_digest)
         if work.exists():
             await asyncio.to_thread(shutil.rmtree, work, True)
+        if not done and made:
+            await asyncio.to_thread(store.discard, made)
 
 
 async def _source_files(plan: _Plan, work: Path) -> tuple[dict[str, Path] | None, bool]:
@@ -295,7 +323,7 @@ async def _ingest(store: Store, files: dict[str, Path], owned: bool, into: dict[
                   pin) -> AsyncIterator[dict[str, Any]]:
     for file_name, path in files.items():
         hex_digest, size, created = await asyncio.to_thread(store.blobs.add_file, path, owned)
-        pin(hex_digest)
+        pin(hex_digest, created)
         into[file_name] = Layer(media_type_for(file_name), digest_ref(hex_digest), size,
                                 name=file_name)
         verb = "creating new layer" if created else "using existing layer"
@@ -325,7 +353,11 @@ async def _quantize(store: Store, plan: _Plan, work: Path, pin) -> AsyncIterator
         proc.kill()
         raise
     if proc.returncode != 0:
-        tail = err.decode(errors="replace").strip().splitlines()[-5:]
+        text = err.decode(errors="replace")
+        tail = text.strip().splitlines()[-5:]
+        if says_no_space(text):
+            raise InsufficientStorage("no space left on device while quantizing (its partial "
+                                      "output was removed): " + " | ".join(tail[-1:]))
         raise MlxrError("quantization failed: " + " | ".join(tail))
     yield {"status": status, "digest": "0", "total": total, "completed": total}
     # The new weights and config replace the old ones; tokenizer files are reused as they are.
@@ -352,7 +384,8 @@ def _metadata_layers(store: Store, base: ModelRecord | None, req: CreateRequest,
     def text_layer(media: str, text: str) -> Layer:
         data = text.encode()
         pin(hashlib.sha256(data).hexdigest())
-        hex_digest, _ = store.blobs.add_bytes(data)
+        hex_digest, created = store.blobs.add_bytes(data)
+        pin(hex_digest, created)
         return Layer(media, digest_ref(hex_digest), len(data))
 
     out: list[Layer] = []

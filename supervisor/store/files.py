@@ -3,7 +3,9 @@
 Invariants:
 - `atomic_write` never leaves a half-written file under the final name: the bytes go to a
   temporary file in the same directory, are fsynced, then `os.replace`d, then the directory is
-  fsynced.
+  fsynced. On failure the temporary file is removed.
+- A full disk (ENOSPC, EDQUOT) surfaces as `InsufficientStorage` naming what was being
+  written, never as a bare OSError.
 - `StoreLock` is re-entrant within a process (a `threading.RLock`) and exclusive across processes
   (an `fcntl.flock` on `<root>/.lock`, taken by the outermost holder only).
 """
@@ -11,14 +13,61 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import shutil
 import threading
 import uuid
 from pathlib import Path
 from typing import Iterator
 
+from mlxr.shared.errors import InsufficientStorage, MlxrError
+
 TEMP_PREFIX = ".tmp-"
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+# How a child process (quantize, GGUF conversion) that hit a full disk says so on stderr.
+_NO_SPACE_TEXT = (f"[Errno {errno.ENOSPC}]", f"[Errno {errno.EDQUOT}]", "No space left on device",
+                  "Disk quota exceeded")
+
+
+def is_no_space(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS
+
+
+def says_no_space(text: str) -> bool:
+    """Whether a child process's error output reports a full disk."""
+    return any(x in text for x in _NO_SPACE_TEXT)
+
+
+def no_space_in(err: MlxrError, what: str) -> MlxrError:
+    """A child process's failure (`err`) as InsufficientStorage when its output reports a full
+    disk; else `err` itself."""
+    if isinstance(err, InsufficientStorage) or not says_no_space(err.message):
+        return err
+    return InsufficientStorage(f"no space left on device while {what} (its partial output was "
+                               f"removed): {err.message}")
+
+
+@contextlib.contextmanager
+def no_space_as(what: str) -> Iterator[None]:
+    """Turn a full disk inside the block into InsufficientStorage: "no space left on device
+    while <what>"."""
+    try:
+        yield
+    except OSError as exc:
+        if not is_no_space(exc):
+            raise
+        raise InsufficientStorage(f"no space left on device while {what}") from exc
+
+
+def check_room(path: Path, needed_bytes: int, what: str) -> None:
+    """InsufficientStorage up front when the file system holding `path` has less than
+    `needed_bytes` free, rather than a failure after writing most of it."""
+    free = shutil.disk_usage(path).free
+    if needed_bytes > free:
+        raise InsufficientStorage(f"not enough space on device for {what}: it needs "
+                                  f"{needed_bytes} bytes, {free} are free in {path}")
 
 
 def fsync_dir(path: Path) -> None:
@@ -38,7 +87,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_sibling(path)
     try:
-        with open(tmp, "wb") as f:
+        with no_space_as(f"writing {path} (it was left as it was)"), open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

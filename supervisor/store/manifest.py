@@ -88,6 +88,8 @@ class Manifest:
             d = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ManifestError(f"manifest is not JSON: {exc}") from None
+        except RecursionError:  # JSON nested deeper than the parser goes
+            raise ManifestError("manifest is not JSON: nested too deeply") from None
         if not isinstance(d, dict) or d.get("schemaVersion") != 2:
             raise ManifestError("not a schema version 2 manifest")
         layers = d.get("layers") or []

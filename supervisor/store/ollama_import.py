@@ -8,6 +8,8 @@ Invariants:
 - Ollama's files are only read: blobs are hard-linked (a symbolic link across file systems),
   never copied, moved or written; a blob's digest is checked before it is linked.
 - A manifest is written only after every blob it names is ours (store.write_manifest checks).
+- A model file is linked only once its header passes the checks create makes (a GGUF header
+  bounded by its file, safetensors headers, config.json): a hostile one is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from mlxr.shared.errors import InvalidRequest, ModelNotFound
+from mlxr.shared.model_checks import check_model_files
 
-from .manifest import Manifest, ManifestError
+from .gguf.header import read_gguf
+from .manifest import MEDIA_MODEL, Layer, Manifest, ManifestError
 from .names import ModelName, name_from_manifest_path, parse_name
 from .store import Store
 
@@ -58,17 +62,32 @@ def import_model(store: Store, root: Path, name: ModelName, manifest_file: Path)
     except ManifestError as exc:
         raise InvalidRequest(f"Ollama model {name.display}: {exc}") from None
     result = Imported(name.display)
+    for layer in m.all_layers():  # every file checked before any is linked
+        src = root / "blobs" / f"sha256-{layer.hex}"
+        if not src.is_file():
+            raise InvalidRequest(f"Ollama model {name.display}: blob {layer.digest} is "
+                                 f"missing from {root / 'blobs'}")
+        _check_layer(name, layer, src)
     with store.pinned(m.hex_digests()):
         for layer in m.all_layers():
             src = root / "blobs" / f"sha256-{layer.hex}"
-            if not src.is_file():
-                raise InvalidRequest(f"Ollama model {name.display}: blob {layer.digest} is "
-                                     f"missing from {root / 'blobs'}")
             how = store.blobs.link(src, layer.hex)
             result.linked[how] = result.linked.get(how, 0) + 1
             result.size += layer.size
         store.write_manifest(name, data)
     return result
+
+
+def _check_layer(name: ModelName, layer: Layer, path: Path) -> None:
+    """A model file's header, before it becomes ours: a GGUF header bounded by its file, a
+    safetensors header and a config.json as create checks them."""
+    try:
+        if layer.media_type == MEDIA_MODEL:
+            read_gguf(path, skip_arrays=True)
+        elif layer.name and (layer.name.endswith(".safetensors") or layer.name == "config.json"):
+            check_model_files({layer.name: path})
+    except InvalidRequest as exc:
+        raise type(exc)(f"Ollama model {name.display}: {exc.message}") from None
 
 
 def import_models(store: Store, root: Path, wanted: str | None = None) -> list[Imported]:

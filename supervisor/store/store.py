@@ -316,6 +316,12 @@ class Store:
                     shutil.rmtree(path) if path.is_dir() else path.unlink()
         return removed
 
+    def discard(self, hex_digests: Iterable[str]) -> int:
+        """Remove these blobs unless a manifest names them or an operation pins them: what a
+        failed create made, so that it gives the space back. Returns how many went."""
+        with self.lock.held():
+            return self._collect(set(hex_digests))
+
     def _digests_of(self, path: Path) -> set[str]:
         try:
             return Manifest.from_bytes(path.read_bytes()).hex_digests()

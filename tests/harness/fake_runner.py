@@ -14,6 +14,9 @@ with per-model overrides under "models" (keyed by model name, e.g. "a:latest"):
     signal_on_start  die from this signal (a name: "SIGILL") before serving, as a runner does
                whose BLAS was built for another CPU
 
+Like the real runner it needs its secret on every route (the first line on stdin with
+`token_stdin`, else `token_file`; 401 without it).
+
 Token ids: one per character (its code point); no special tokens, so `add_special` changes
 nothing. Generation stops with done_reason "length" at num_predict (16 if unset), or "stop" at
 the end of `output`. The final line carries `prompt_tokens` when asked, and errors carry their
@@ -30,13 +33,16 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 from aiohttp import web
 
 from mlxr.shared.config import RunnerConfig
-from mlxr.shared.errors import ContextOverflow
+from mlxr.shared.errors import ContextOverflow, Unauthorized
 from mlxr.shared.ndjson import dumps_line
 from mlxr.shared.protocol import Chunk, CompletionRequest, RunnerStatus, error_body
+from mlxr.shared.runner_auth import (TokenCheck, new_token_file, read_token_line,
+                                     token_from_file)
 
 DEFAULT_PREDICT = 16
 
@@ -47,8 +53,17 @@ def knobs(model: str) -> dict:
             **data.get("models", {}).get(model, {})}
 
 
-def make_app(config: RunnerConfig) -> web.Application:
+def make_app(config: RunnerConfig, token: str) -> web.Application:
     k = knobs(config.model_name)
+    check = TokenCheck(token)
+
+    @web.middleware
+    async def auth(request: web.Request, handler):
+        if not check(request.headers.get("Authorization")):
+            err = Unauthorized("missing or wrong runner token")
+            return web.json_response(error_body(err), status=err.status)
+        return await handler(request)
+
     started = time.monotonic()
     state = {"active": 0}
 
@@ -80,6 +95,8 @@ def make_app(config: RunnerConfig) -> web.Application:
                                   f"context length ({req.options.num_ctx} tokens)")
             return web.json_response(error_body(err), status=err.status)
         limit = req.options.num_predict if req.options.num_predict > 0 else DEFAULT_PREDICT
+        # As a real runner, never past the context (a fuzzed num_predict may be 2**63 - 1).
+        limit = min(limit, (req.options.num_ctx or config.context_length) - len(prompt_tokens))
         if "output" in k:
             pieces, reason = list(k["output"]), "stop"
         else:
@@ -105,7 +122,7 @@ def make_app(config: RunnerConfig) -> web.Application:
             state["active"] -= 1
         return response
 
-    app = web.Application()
+    app = web.Application(middlewares=[auth])
     app.router.add_get("/v1/status", status)
     app.router.add_post("/v1/tokenize", tokenize)
     app.router.add_post("/v1/detokenize", detokenize)
@@ -122,6 +139,14 @@ def main() -> None:
         sys.exit(3)
     if knobs(config.model_name).get("signal_on_start"):
         os.kill(os.getpid(), signal.Signals[knobs(config.model_name)["signal_on_start"]])
+    if config.token_stdin:
+        token = read_token_line(sys.stdin.buffer)
+        if token is None:
+            sys.exit("fake runner: no token on stdin")
+    elif config.token_file:
+        token = token_from_file(Path(config.token_file))
+    else:
+        token, _ = new_token_file()
     if config.watch_stdin:
         def watch() -> None:
             while sys.stdin.buffer.read(1 << 16):
@@ -131,7 +156,7 @@ def main() -> None:
         threading.Thread(target=watch, daemon=True).start()
     print(f"fake runner for {config.model_name} on port {config.port}", file=sys.stderr,
           flush=True)
-    web.run_app(make_app(config), host=config.host, port=config.port, print=None)
+    web.run_app(make_app(config, token), host=config.host, port=config.port, print=None)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
-"""A real runner subprocess for tests: `python -m mlxr.runner` on a free port, stopped by closing
-its stdin (the way the supervisor does)."""
+"""A real runner subprocess for tests: `python -m mlxr.runner` on a free port, given its secret
+on stdin and stopped by closing stdin (the way the supervisor does). The URL it yields carries
+the secret as basic-auth credentials (`http://runner:SECRET@127.0.0.1:PORT`), which httpx
+sends on every request, so tests call the runner with plain `httpx.get(url + path)`."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Iterator
 
 import httpx
 
+from mlxr.shared.runner_auth import make_token
 from tests.harness.server import free_port
 
 
@@ -33,11 +36,15 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
 def running(model_dir: Path, env: dict[str, str], **config) -> Iterator[str]:
     """A ready runner for `model_dir` (RunnerConfig fields as keywords); yields its URL."""
     port = free_port()
-    full = {"model_dir": str(model_dir), "port": port, "watch_stdin": True, **config}
+    full = {"model_dir": str(model_dir), "port": port, "watch_stdin": True, "token_stdin": True,
+            **config}
     proc = subprocess.Popen([sys.executable, "-m", "mlxr.runner", "--config", json.dumps(full)],
                             env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    token = make_token()
+    proc.stdin.write(token.encode() + b"\n")
+    proc.stdin.flush()
     try:
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://runner:{token}@127.0.0.1:{port}"
         wait_ready(url, proc)
         yield url
     finally:

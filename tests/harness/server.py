@@ -1,5 +1,5 @@
-"""Test harness: a real `mlxr serve` subprocess on a free port with its own model store, and
-helpers to put models into that store."""
+"""Test harness: a real `mlxr serve` subprocess on a free port (or a Unix socket) with its own
+model store, and helpers to put models into that store."""
 
 from __future__ import annotations
 
@@ -45,12 +45,19 @@ class Server:
     url: str
     models_dir: Path
     log_path: Path
+    socket_path: Path | None = None  # served on this Unix socket (then `url` only names it)
+
+    def _transport(self, kwargs: dict) -> dict:
+        if self.socket_path is not None and "transport" not in kwargs:
+            kwargs["transport"] = httpx.HTTPTransport(uds=str(self.socket_path))
+        return kwargs
 
     def client(self, **kwargs) -> ollama.Client:
-        return ollama.Client(host=self.url, **kwargs)
+        return ollama.Client(host=self.url, **self._transport(kwargs))
 
     def http(self, **kwargs) -> httpx.Client:
-        return httpx.Client(base_url=self.url, trust_env=False, timeout=60, **kwargs)
+        return httpx.Client(base_url=self.url, trust_env=False,
+                            **self._transport({"timeout": 60, **kwargs}))
 
     def runner_pids(self) -> list[int]:
         """Live child processes (runners being stopped may linger for a moment)."""
@@ -77,27 +84,31 @@ class Server:
 
 
 def start_server(tmp: Path, base_env: dict[str, str], models_dir: Path | None = None,
-                 **env: str) -> Server:
-    """Start `mlxr serve` (as `python -m mlxr.supervisor.cli serve`) and wait until it answers."""
+                 socket_path: Path | None = None, **env: str) -> Server:
+    """Start `mlxr serve` (as `python -m mlxr.supervisor.cli serve`) and wait until it answers;
+    on `socket_path` (MLXR_HOST=unix://...) when given."""
     port = free_port()
     models_dir = models_dir or tmp / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
-    full_env = {**base_env, "MLXR_HOST": f"127.0.0.1:{port}", "MLXR_MODELS": str(models_dir),
-                "OLLAMA_HOST": f"127.0.0.1:{port}", **env}
+    address = f"unix://{socket_path}" if socket_path else f"127.0.0.1:{port}"
+    full_env = {**base_env, "MLXR_HOST": address, "MLXR_MODELS": str(models_dir),
+                "OLLAMA_HOST": address, **env}
     full_env.pop("HTTP_PROXY", None)
     full_env.pop("http_proxy", None)
     log_path = tmp / f"serve-{port}.log"
     proc = subprocess.Popen([sys.executable, "-m", "mlxr.supervisor.cli", "serve"], env=full_env,
                             stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, cwd=ROOT)
-    server = Server(proc, f"http://127.0.0.1:{port}", models_dir, log_path)
+    url = "http://localhost" if socket_path else f"http://127.0.0.1:{port}"
+    server = Server(proc, url, models_dir, log_path, socket_path)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"mlxr serve exited: {server.log()[-3000:]}")
         try:
-            if httpx.get(server.url + "/", timeout=1, trust_env=False).status_code == 200:
-                return server
+            with server.http(timeout=1) as http:
+                if http.get("/").status_code == 200:
+                    return server
         except httpx.HTTPError:
             pass
         time.sleep(0.05)

@@ -149,6 +149,24 @@ def test_an_mlx_lm_adapter_applies_as_mlx_lm_applies_it(server, mlx_adapter, exp
     assert err.value.status_code == 400 and "already has an adapter" in err.value.error
 
 
+def test_show_names_the_adapter_and_its_modelfile_builds_the_same_model(
+        server, mlx_adapter, expected, tmp_path, subprocess_env):
+    client = server.client()
+    adapters = upload(client, mlx_adapter, ["adapters.safetensors", "adapter_config.json"])
+    client.create(model="tiny-lora-show", from_="tiny", adapters=adapters)
+    modelfile = client.show("tiny-lora-show").modelfile
+    [line] = [x for x in modelfile.splitlines() if x.startswith("ADAPTER ")]
+    assert {"adapters.safetensors", "adapter_config.json"} <= \
+        {p.name for p in Path(line.removeprefix("ADAPTER ")).iterdir()}
+    # As `ollama show --modelfile` says: replace the FROM line to build on it.
+    (tmp_path / "Modelfile").write_text(modelfile.replace("FROM tiny-lora-show", "FROM tiny"))
+    env = {**subprocess_env, "MLXR_HOST": server.url.removeprefix("http://")}
+    made = subprocess.run([*MLXR, "create", "tiny-lora-again"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert adapter_layers(server, "tiny-lora-again") == adapter_layers(server, "tiny-lora-show")
+
+
 def test_a_peft_adapter_in_a_modelfile_is_converted(server, tmp_path, lora, expected,
                                                      subprocess_env):
     peft = write_peft_adapter(tmp_path / "peft", lora)

@@ -108,8 +108,11 @@ def test_stream_events_in_order_and_the_final_message(client, server):
     whole = client.messages.create(model="tiny", max_tokens=10, **GREEDY, messages=ASK)
     with client.messages.stream(model="tiny", max_tokens=10, **GREEDY,
                                 messages=ASK) as stream:
-        events = [e.type for e in stream if e.type not in ("text",)]
+        seen = [e for e in stream if e.type not in ("text",)]
         final = stream.get_final_message()
+    events = [e.type for e in seen]
+    # message_start counts the prompt already, as Anthropic's does.
+    assert seen[0].message.usage.input_tokens == whole.usage.input_tokens > 0
     assert events[0] == "message_start" and events[-2:] == ["message_delta", "message_stop"]
     body = events[1:-2]
     assert body[0] == "content_block_start" and body[-1] == "content_block_stop"
@@ -218,3 +221,23 @@ def test_an_error_mid_stream_is_an_error_event(fake, thinker):
                     kill9(pid)
     assert info.value.body["type"] == "error"
     assert info.value.body["error"]["type"] == "api_error"
+
+
+OPENS_THINKING = ("{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ if .Thinking }}<think>"
+                  "{{ .Thinking }}</think>\n{{ end }}{{ .Content }}<|im_end|>\n{{ end }}"
+                  "<|im_start|>assistant\n{{ if .Think }}<think>\n{{ end }}")
+
+
+def test_a_thinking_budget_ends_the_thinking_and_the_answer_follows(client, server):
+    """The tiny model never ends its thinking; with a budget the runner writes `</think>`
+    after that many tokens, and the model answers after it."""
+    server.client().create(model="opener", from_="tiny", template=OPENS_THINKING)
+    free = client.messages.create(model="opener", max_tokens=6, **GREEDY, messages=ASK,
+                                  thinking={"type": "enabled", "budget_tokens": 1024})
+    assert [b.type for b in free.content] == ["thinking"]
+    held = client.messages.create(model="opener", max_tokens=20, **GREEDY, messages=ASK,
+                                  thinking={"type": "enabled", "budget_tokens": 6})
+    thought, answer = held.content
+    assert thought.type == "thinking" and answer.type == "text" and answer.text.strip()
+    assert thought.thinking.strip() == free.content[0].thinking.strip()
+    assert held.usage.output_tokens == 20

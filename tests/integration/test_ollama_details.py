@@ -131,6 +131,22 @@ def test_an_over_long_chat_drops_its_oldest_turns(client, server):
     assert r.status_code == 400 and "exceeds the context length" in r.json()["error"]
 
 
+def test_a_reply_longer_than_num_ctx_shifts_unless_shift_is_false(client, server):
+    options = {"temperature": 0, "num_predict": 90, "num_ctx": 64, "num_keep": 8}
+    reply = client.generate(model="tiny", prompt="Tell me a story.", think=False, raw=True,
+                            options=options)
+    assert reply.eval_count == 90 and reply.done_reason == "length"
+    with server.http() as http:  # the ollama client has no `shift`
+        r = http.post("/api/generate", json={"model": "tiny", "prompt": "Tell me a story.",
+                                             "raw": True, "think": False, "stream": False,
+                                             "options": options, "shift": False})
+    body = r.json()
+    assert body["done_reason"] == "length"
+    assert body["prompt_eval_count"] + body["eval_count"] == 64
+    # The same greedy reply up to the shift.
+    assert reply.response.startswith(body["response"])
+
+
 # -- 5. tags, show, ps -------------------------------------------------------------------------
 
 def test_tags_show_and_ps_details(client, server):

@@ -158,6 +158,12 @@ def test_reasoning_effort_none_turns_thinking_off(client, forced):
     none = client.responses.create(model="tiny", input="hi", max_output_tokens=1,
                                    reasoning={"effort": "none"})
     assert none.usage.input_tokens > on.usage.input_tokens
+    # The fake runner's tokens are characters: the thought's are reasoning tokens, the
+    # answer's are not (the tags' own may fall either side).
+    reasoning = high.usage.output_tokens_details.reasoning_tokens
+    assert len(THOUGHT) - 2 <= reasoning <= len(f"<think>\n{THOUGHT}</think>")
+    assert high.usage.output_tokens - reasoning >= len("Hello!")
+    assert off.usage.output_tokens_details.reasoning_tokens == 0
 
 
 def test_streamed_reasoning_and_tool_call_items(forced):

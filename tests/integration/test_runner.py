@@ -158,15 +158,35 @@ def test_context_overflow_is_a_400_before_streaming(runner):
     assert resp.json()["kind"] == "context_overflow"
 
 
-def test_generation_stops_at_the_context_with_length(runner):
+def test_generation_stops_at_the_context_with_length_without_shift(runner):
     async def main():
         async with httpx.AsyncClient(timeout=60) as client:
-            return await complete(client, runner, {"prompt": "a b c d e",
+            return await complete(client, runner, {"prompt": "a b c d e", "shift": False,
                                                    "options": greedy(-1, num_ctx=40)})
 
     tokens, _, final, _ = asyncio.run(main())
     assert final["done_reason"] == "length"
     assert final["prompt_eval_count"] + final["eval_count"] == 40
+
+
+def test_context_shift_goes_on_from_the_kept_and_newest_tokens(runner, reference):
+    """Ollama's shift: at num_ctx the older half after num_keep goes and the reply goes on,
+    exactly as the model continues the shorter context (greedy, checked against mlx-lm)."""
+    async def main():
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await complete(client, runner, {
+                "prompt": "a b c d e", "return_prompt_tokens": True,
+                "options": greedy(60, num_ctx=40, num_keep=4)})
+
+    tokens, _, final, _ = asyncio.run(main())
+    assert len(tokens) == 60 and final["done_reason"] == "length"
+    prompt = final["prompt_tokens"]
+    before = 40 - len(prompt)  # the output that fits before the first shift
+    assert tokens[:before] == reference(prompt, before)
+    full = prompt + tokens[:before]
+    shifted = full[:4] + full[4 + (40 - 4) // 2:]
+    after = min(60 - before, 40 - len(shifted))  # up to the next shift
+    assert tokens[before:before + after] == reference(shifted, after)
 
 
 def test_stop_string_split_across_tokens(runner, reference):

@@ -1,9 +1,11 @@
-"""Lexer and parser for the Go text/template subset (see go_template.py)."""
+"""Lexer and parser for the Go text/template subset (see render.py).
 
+Templates come from requests (`template`, a Modelfile's TEMPLATE), so parsing is bounded:
+blocks (if, range, with, else-if chains) and parentheses nest at most `MAX_NESTING` levels,
+and every malformed template is a `TemplateError` (a 400), never another exception."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +15,14 @@ from mlxr.shared.errors import InvalidRequest
 
 class TemplateError(InvalidRequest):
     pass
+
+
+MAX_NESTING = 100  # Ollama's templates nest a handful of levels; this keeps recursion shallow
+
+
+def _check_nesting(depth: int) -> None:
+    if depth > MAX_NESTING:
+        raise TemplateError(f"template: nested deeper than {MAX_NESTING} levels")
 
 
 # -- parse tree ------------------------------------------------------------------------------
@@ -63,7 +73,8 @@ _TOKEN = re.compile(r"""
     (?P<ws>\s+)
   | (?P<str>"(?:[^"\\]|\\.)*")
   | (?P<raw>`[^`]*`)
-  | (?P<char>'(?:[^'\\]|\\.)')
+  | (?P<char>'(?:[^'\\]
+              |\\(?:x[0-9A-Fa-f]{2}|[0-7]{3}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|.))')
   | (?P<num>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)
   | (?P<decl>:=)
   | (?P<op>[|(),=])
@@ -124,6 +135,7 @@ class _Parser:
     def __init__(self, source: str):
         self.pieces = _split(source)
         self.i = 0
+        self.depth = 0  # open blocks
 
     def parse(self) -> list[Any]:
         nodes, stop = self._list()
@@ -156,6 +168,14 @@ class _Parser:
         return nodes, None
 
     def _branch(self, kind: str, rest: str) -> Branch:
+        self.depth += 1
+        _check_nesting(self.depth)
+        try:
+            return self._branch_body(kind, rest)
+        finally:
+            self.depth -= 1
+
+    def _branch_body(self, kind: str, rest: str) -> Branch:
         node = Branch(kind, _parse_pipe(rest))
         node.body, stop = self._list()
         if stop is None:
@@ -193,7 +213,8 @@ def _parse_pipe(text: str) -> Pipe:
     return pipe
 
 
-def _pipe(toks: list[tuple[str, str]], pos: int) -> tuple[Pipe, int]:
+def _pipe(toks: list[tuple[str, str]], pos: int, depth: int = 0) -> tuple[Pipe, int]:
+    _check_nesting(depth)
     decl: list[str] = []
     assign = False
     # `$x :=`, `$x =`, `$i, $e :=`
@@ -218,7 +239,7 @@ def _pipe(toks: list[tuple[str, str]], pos: int) -> tuple[Pipe, int]:
             cmds.append([])
             continue
         if (kind, value) == ("op", "("):
-            sub, pos = _pipe(toks, pos)
+            sub, pos = _pipe(toks, pos, depth + 1)
             if pos >= len(toks) or toks[pos] != ("op", ")"):
                 raise TemplateError("template: unclosed (")
             pos += 1
@@ -241,17 +262,63 @@ def _operand(kind: str, value: str) -> Any:
         name, *chain = value.split(".")
         return Var(name, chain)
     if kind == "str":
-        return Literal(json.loads(value))
+        return Literal(unquote(value[1:-1]))
     if kind == "raw":
         return Literal(value[1:-1])
     if kind == "char":
-        return Literal(ord(json.loads('"' + value[1:-1] + '"')))
+        body = value[1:-1]  # a \x or octal escape is the code point itself, as in Go
+        if body[:2] in ("\\x", "\\0", "\\1", "\\2", "\\3") and len(body) == 4:
+            return Literal(int(body[2:], 16) if body[1] == "x" else int(body[1:], 8))
+        char = unquote(body, quote="'")
+        if len(char) != 1:
+            raise TemplateError(f"template: malformed character constant {value}")
+        return Literal(ord(char))
     if kind == "num":
-        return Literal(float(value) if any(c in value for c in ".eE") else int(value))
+        try:
+            return Literal(float(value) if any(c in value for c in ".eE") else int(value))
+        except ValueError:  # an int past Python's digit limit
+            raise TemplateError(f"template: number too long: {value[:20]}...") from None
     if kind == "ident":
         return {"true": Literal(True), "false": Literal(False), "nil": Literal(None)}.get(
             value, Ident(value))
     raise TemplateError(f"template: unexpected {value!r}")
+
+
+_ESCAPE = re.compile(r"\\(?:([abfnrtv\\'\"])|x([0-9A-Fa-f]{2})|([0-7]{3})"
+                     r"|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|(.?))", re.S)
+_SIMPLE = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
+           "\\": "\\", "'": "'", '"': '"'}
+
+
+def unquote(body: str, quote: str = '"') -> str:
+    """A Go string (or character) literal's text with its escapes applied, as strconv.Unquote
+    does: \\x and octal escapes are bytes (invalid UTF-8 becomes U+FFFD); a surrogate, a
+    code point past U+10FFFF or an unknown escape is a TemplateError."""
+    out = bytearray()
+    pos = 0
+    for m in _ESCAPE.finditer(body):
+        out += body[pos:m.start()].encode("utf-8", "surrogatepass")
+        pos = m.end()
+        simple, hex2, octal, u4, u8, bad = m.groups()
+        if simple is not None and simple in "'\"" and simple != quote:
+            bad = m.group()
+        if bad is not None:
+            raise TemplateError(f"template: unknown escape sequence {m.group()!r}")
+        if simple is not None:
+            out += _SIMPLE[simple].encode()
+        elif hex2 is not None or octal is not None:
+            code = int(hex2, 16) if hex2 is not None else int(octal, 8)
+            if code > 0xFF:
+                raise TemplateError(f"template: octal escape out of range {m.group()!r}")
+            out.append(code)
+        else:
+            code = int(u4 or u8, 16)
+            if 0xD800 <= code <= 0xDFFF or code > 0x10FFFF:
+                raise TemplateError(f"template: escape sequence is invalid Unicode code point "
+                                    f"{m.group()!r}")
+            out += chr(code).encode()
+    out += body[pos:].encode("utf-8", "surrogatepass")
+    return out.decode("utf-8", "replace")
 
 
 def parse(source: str) -> list[Any]:

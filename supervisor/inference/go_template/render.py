@@ -8,6 +8,12 @@ eq, ne, lt, le, gt, ge, len, index, slice, print, printf, println, html, json, c
 and yesterdayDate.
 Not supported (a TemplateError): define, template, block.
 
+Templates come from requests, so running one is bounded (`Limits`): at most `max_steps` steps
+(a node, an operand, a range iteration; a function call one more per KiB or so of data it
+reads and makes) and at most `max_output_chars` written (a function's result may not be
+longer either), whatever the loops; past either the render stops with a TemplateError (a 400).
+Nesting is bounded by the parser (parse.MAX_NESTING).
+
 Data is plain Python: the top level is a dict with Go field names ("Messages", "System"); below
 it, fields are looked up by exact key, then by snake_case (`.ToolCalls` finds "tool_calls").
 """
@@ -18,10 +24,20 @@ import datetime
 import html
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from mlxr.supervisor.inference.go_template.parse import (Branch, Field, Ident, Literal, Pipe, Sub,
                                           TemplateError, Var, parse)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one render may do. A chat template costs a few dozen steps per message."""
+
+    max_steps: int = 1_000_000
+    # Past any context a model has; a bound on memory rather than a policy.
+    max_output_chars: int = 1 << 26
 
 
 class _Cut(Exception):
@@ -48,11 +64,13 @@ def _snake(name: str) -> str:
 
 
 def _get(value: Any, name: str) -> Any:
+    """A field of a map; nothing on other values (the data is plain JSON, and a template
+    must not reach Python attributes such as `.__class__`)."""
     if isinstance(value, dict):
         if name in value:
             return value[name]
         return value.get(_snake(name))
-    return getattr(value, name, None)
+    return None
 
 
 def truth(value: Any) -> bool:
@@ -143,6 +161,16 @@ FUNCS = {
 }
 
 
+def _cost(value: Any) -> int:
+    """Steps for a value a function reads or makes: a step is a microsecond or two, about what
+    writing 64 characters of JSON or copying a thousand list items takes."""
+    if isinstance(value, str):
+        return len(value) // 64
+    if isinstance(value, (list, tuple, dict)):
+        return len(value) // 1024
+    return 0
+
+
 class _Scope:
     def __init__(self, root: Any):
         self.frames: list[dict[str, Any]] = [{"$": root}]
@@ -161,24 +189,56 @@ class _Scope:
         raise TemplateError(f"template: undefined variable {name}")
 
 
+class _Budget:
+    """The steps and characters left to one execution (a legacy template's renders, one per
+    turn, share one)."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.num_steps = 0
+        self.num_chars = 0
+
+    def step(self, num_steps: int = 1) -> None:
+        self.num_steps += num_steps
+        if self.num_steps > self.limits.max_steps:
+            raise TemplateError(f"template: more than {self.limits.max_steps} steps "
+                                "(a range too long?)")
+
+    def check_size(self, num_chars: int) -> None:
+        if num_chars > self.limits.max_output_chars:
+            raise TemplateError(f"template: output longer than {self.limits.max_output_chars} "
+                                "characters")
+
+    def add_chars(self, num_chars: int) -> None:
+        self.num_chars += num_chars
+        self.check_size(self.num_chars)
+
+
 class _Render:
-    def __init__(self, root: Any, cut_at_response: bool):
+    def __init__(self, root: Any, cut_at_response: bool, budget: _Budget):
         self.scope = _Scope(root)
         self.cut = cut_at_response
+        self.budget = budget
+        self.step = budget.step
         self.out: list[str] = []
+
+    def emit(self, text: str) -> None:
+        self.budget.add_chars(len(text))
+        self.out.append(text)
 
     def nodes(self, nodes: list[Any], dot: Any) -> None:
         for node in nodes:
+            self.step()
             if isinstance(node, str):
                 if node == "break":
                     raise _Break
                 if node == "continue":
                     raise _Continue
-                self.out.append(node)
+                self.emit(node)
             elif isinstance(node, Pipe):
                 value = self.pipe(node, dot)
                 if not node.decl:
-                    self.out.append(go_str(value))
+                    self.emit(go_str(value))
             else:
                 self.branch(node, dot)
 
@@ -196,16 +256,20 @@ class _Render:
             self.scope.frames.pop()
 
     def _range(self, node: Branch, value: Any, dot: Any) -> None:
-        if isinstance(value, dict):
-            items = sorted(value.items())
-        elif isinstance(value, int) and not isinstance(value, bool):
-            items = [(i, i) for i in range(value)]
-        else:
-            items = list(enumerate(value or []))
-        if not items:
+        if not truth(value) or (isinstance(value, int) and value < 0):
             self.nodes(node.orelse, dot)
             return
+        if isinstance(value, dict):
+            self.step(_cost(value))  # the sort
+            items: Any = sorted(value.items())
+        elif isinstance(value, int) and not isinstance(value, bool):
+            items = ((i, i) for i in range(value))  # lazily: the steps bound it, not memory
+        elif isinstance(value, (list, tuple, str)):
+            items = enumerate(value)
+        else:
+            raise TemplateError(f"template: range can't iterate over {go_str(value)[:40]}")
         for key, elem in items:
+            self.step()
             frame = self.scope.frames[-1]
             if len(node.pipe.decl) == 1:
                 frame[node.pipe.decl[0]] = elem
@@ -240,9 +304,15 @@ class _Render:
                 raise TemplateError(f'template: function "{head.name}" not defined')
             args = [self.arg(a, dot) for a in cmd[1:]] + list(piped)
             try:
-                return fn(*args)
-            except (TypeError, ValueError, IndexError, KeyError) as exc:
+                result = fn(*args)
+            except (TypeError, ValueError, IndexError, KeyError, OverflowError) as exc:
                 raise TemplateError(f"template: error calling {head.name}: {exc}") from None
+            if isinstance(result, str):  # `print $x $x` doubles: bound it before the output
+                self.budget.check_size(len(result))
+            # A call's work grows with what it reads and makes (json of all the messages, a
+            # slice of them), and so does what it is charged, so no loop repeats it unbounded.
+            self.step(1 + sum(map(_cost, args)) + _cost(result))
+            return result
         if len(cmd) > 1 or piped:
             raise TemplateError("template: can't give arguments to a non-function")
         return self.arg(head, dot)
@@ -257,6 +327,7 @@ class _Render:
         return value
 
     def arg(self, node: Any, dot: Any) -> Any:
+        self.step()  # an action of many operands is as many steps
         if isinstance(node, Literal):
             return node.value
         if isinstance(node, Field):
@@ -306,20 +377,22 @@ def _identifiers(nodes: list[Any]) -> set[str]:
 class GoTemplate:
     """A parsed template; `execute` follows Ollama's template.Execute."""
 
-    def __init__(self, source: str):
+    def __init__(self, source: str, limits: Limits = Limits()):
         self.source = source
+        self.limits = limits
         self.nodes = parse(source)
         self.vars = _identifiers(self.nodes)
         if "messages" not in self.vars and "response" not in self.vars:
             self.nodes.append(Pipe([[Field(["Response"])]]))  # Ollama appends {{ .Response }}
             self.vars.add("response")
 
-    def render(self, data: dict[str, Any], cut_at_response: bool = False) -> str:
-        r = _Render(data, cut_at_response)
+    def render(self, data: dict[str, Any], cut_at_response: bool = False,
+               budget: _Budget | None = None) -> str:
+        r = _Render(data, cut_at_response, budget or _Budget(self.limits))
         try:
             r.nodes(self.nodes, data)
         except _Cut as cut:
-            r.out.append(go_str(cut.response))
+            r.emit(go_str(cut.response))
         except (_Break, _Continue):
             raise TemplateError("template: break or continue outside range") from None
         return "".join(r.out)
@@ -339,9 +412,10 @@ class GoTemplate:
         # A template without .Messages renders once per turn; the last turn stops at .Response.
         out: list[str] = []
         turn = {"System": "", "Prompt": "", "Response": ""}
+        budget = _Budget(self.limits)
 
         def flush() -> None:
-            out.append(self.render({**base, **turn}))
+            out.append(self.render({**base, **turn}, budget=budget))
             turn.update(System="", Prompt="", Response="")
 
         for m in collated:
@@ -356,7 +430,7 @@ class GoTemplate:
                 turn["Prompt"] = content
             elif role == "assistant":
                 turn["Response"] = content
-        out.append(self.render({**base, **turn}, cut_at_response=True))
+        out.append(self.render({**base, **turn}, cut_at_response=True, budget=budget))
         return "".join(out)
 
 

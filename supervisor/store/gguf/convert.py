@@ -13,6 +13,10 @@ Invariants:
 - The output depends only on the GGUF bytes, CONVERTER_VERSION and that float type; the caller
   keys the directory by all three and writes it under a temporary name first.
 - Nothing is written into DST before every tensor name and type is known to be supported.
+- `check_supported` (run at create, before any conversion) leaves nothing in the header for
+  the converter to trip on (checks.py); the converted config.json is checked as any
+  config.json is (shared/model_checks.py). A hostile file is an InvalidModelFile (a 400), not
+  a failed conversion (a 500).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mlxr.shared.errors import InvalidRequest, UnsupportedModel
+from mlxr.shared.errors import InvalidModelFile, InvalidRequest, UnsupportedModel
+from mlxr.shared.model_checks import check_config
 
 from .header import GgufFile, TensorInfo, read_gguf
 
@@ -80,7 +85,7 @@ def check_supported(path: Path, gguf: GgufFile | None = None) -> GgufSummary:
     """Read a GGUF header and check that this converter can take it: the architecture, every
     tensor name and type, the tokenizer kind. Raises UnsupportedModel errors naming what is
     not supported (long metadata arrays are skipped unless `gguf` is given)."""
-    from . import arch, quants, tokenizer
+    from . import arch, checks, quants, tokenizer
 
     gguf = gguf or read_gguf(path, skip_arrays=True)
     kv = gguf.kv
@@ -91,18 +96,40 @@ def check_supported(path: Path, gguf: GgufFile | None = None) -> GgufSummary:
         raise UnsupportedModel(
             f'unsupported model architecture "{name}"; mlxr runs GGUF models of these '
             "architectures: " + ", ".join(arch.ARCHITECTURES))
+    layers = checks.check_hparams(path.name, kv, arch.spec(name).gguf)
     types: dict[str, int] = {}
     for t in gguf.tensors:
-        arch.hf_tensor_name(name, t.name)  # raises for a tensor it cannot place
+        hf = arch.hf_tensor_name(name, t.name)  # raises for a tensor it cannot place
+        checks.check_tensor(path.name, t, hf, layers)
         if t.ggml_type not in _FLOAT_TYPES:
             try:
                 quants.requantized_bits(t.ggml_type)
             except UnsupportedModel as exc:
                 raise type(exc)(f'{exc.message} in "{t.name}"') from None
         types[t.name] = t.ggml_type
+    checks.check_tokenizer_kv(path.name, kv)
     tokenizer.check_tokenizer(kv)
     count = sum(t.n_elements for t in gguf.tensors)
     return GgufSummary(name, kv, count, types, _file_type_name(kv, types))
+
+
+def hf_config_of(gguf: GgufFile, summary: GgufSummary) -> dict[str, Any]:
+    """The converted model's config.json (less torch_dtype) from the header and the rope
+    tensors' values, checked as any config.json is."""
+    from . import arch, tokenizer
+
+    tensors = {t.name: t for t in gguf.tensors}
+    rope_freqs = tensors.get("rope_freqs.weight")
+    config = arch.hf_config(
+        summary.kv, vocab_size=_vocab_size(summary.kv, tensors),
+        tied="output.weight" not in tensors, has_rope_freqs=rope_freqs is not None,
+        rope_freqs=None if rope_freqs is None else np.asarray(gguf.data(rope_freqs), np.float32),
+        rope_tensors={n: np.asarray(gguf.data(tensors[n]), np.float32)
+                      for n in arch.ROPE_TENSORS if n in tensors},
+        tensor_names=list(tensors))
+    config.update({k: v for k, v in tokenizer.special_token_ids(summary.kv).items()
+                   if v is not None})
+    return check_config(config, f"{gguf.path.name} (its config.json)")
 
 
 def target_float_dtype(source_types: set[str]) -> str:
@@ -126,18 +153,9 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
     gguf = read_gguf(src)
     summary = check_supported(src, gguf)
     kv, name = summary.kv, summary.architecture
-    tensors = {t.name: t for t in gguf.tensors}
     floats = {GGMLQuantizationType(t.ggml_type).name for t in gguf.tensors}
     dtype = getattr(mx, float_dtype or target_float_dtype(floats))
-    rope_freqs = tensors.get("rope_freqs.weight")
-    config = arch.hf_config(
-        kv, vocab_size=_vocab_size(kv, tensors), tied="output.weight" not in tensors,
-        has_rope_freqs=rope_freqs is not None,
-        rope_freqs=None if rope_freqs is None else np.asarray(gguf.data(rope_freqs), np.float32),
-        rope_tensors={n: np.asarray(gguf.data(tensors[n]), np.float32)
-                      for n in arch.ROPE_TENSORS if n in tensors},
-        tensor_names=list(tensors))
-    config.update({k: v for k, v in tokenizer.special_token_ids(kv).items() if v is not None})
+    config = hf_config_of(gguf, summary)
     config["torch_dtype"] = str(dtype).removeprefix("mlx.core.")
     dst.mkdir(parents=True, exist_ok=True)
     total = sum(t.n_bytes for t in gguf.tensors)
@@ -156,6 +174,9 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
         out = quants.to_mlx(t.ggml_type, gguf.data(t), shape, t.name,
                             quantize=not dequantize and hf.endswith(".weight") and len(shape) == 2)
         order = arch.row_order(name, hf, config)
+        if order is not None and len(order) != shape[0]:  # q/k rows are heads x head size
+            raise InvalidModelFile(f'{src.name}: tensor "{t.name}" has {shape[0]} rows where '
+                                   f"its heads need {len(order)}")
         arrays = _arrays(out, hf, order, arch.value_offset(name, hf), dtype)
         if out.bits is not None:
             bits_of[hf.removesuffix(".weight")] = out.bits

@@ -114,3 +114,15 @@ def test_output_parser_thinking_then_tool_call():
     assert thinking == "weather?"
     assert content == ""
     assert calls[0]["function"]["arguments"] == {"city": "Paris"}
+
+
+def test_model_output_nested_past_the_stack_is_content_not_a_crash():
+    from mlxr.supervisor.inference.tool_calls import JsonToolCallParser, parse_tool_call
+
+    deep = "[" * 100_000 + "]" * 100_000
+    assert parse_tool_call('{"name": "f", "arguments": "' + deep + '"}') is None
+    assert parse_tool_call(deep) is None
+    parser = JsonToolCallParser()
+    out, calls = parser.feed(deep)
+    tail, more = parser.finish()
+    assert calls == more == [] and out + tail == deep

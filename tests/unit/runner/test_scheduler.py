@@ -1,15 +1,15 @@
 """Scheduler behaviour with a fake model step: no mlx, hand-made results."""
 
 from mlxr.runner.request import Sequence, SeqStatus
-from mlxr.runner.scheduler import Scheduler, SchedulerConfig, StepResult
+from mlxr.runner.scheduler import Scheduler, SchedulerConfig, StepPlan, StepResult
 from mlxr.shared.protocol import Options
 
 EOS = 99
 
 
-def make_seq(seq_id, prompt_len, max_new=5, ctx=1000):
+def make_seq(seq_id, prompt_len, max_new=5, ctx=1000, shift=True, num_keep=4):
     return Sequence(seq_id=seq_id, prompt_tokens=list(range(1, prompt_len + 1)), options=Options(),
-                    max_new_tokens=max_new, context_length=ctx)
+                    max_new_tokens=max_new, context_length=ctx, shift=shift, num_keep=num_keep)
 
 
 class FakeModelStep:
@@ -125,13 +125,83 @@ def test_length_limit_and_eos_finish_and_release_once():
     assert not plan.has_compute and not sched.has_work
 
 
-def test_context_length_stops_generation():
+def test_context_length_stops_generation_without_shift():
     sched, step = make()
-    seq = make_seq(1, 8, max_new=1000, ctx=12)
+    seq = make_seq(1, 8, max_new=1000, ctx=12, shift=False)
     sched.add(seq)
     while not seq.is_finished:
         run_step(sched, step)
     assert seq.num_tokens == 12 and seq.done_reason == "length"
+
+
+class CountingStep(FakeModelStep):
+    """Emits 100, 101, ... and records what each admission had to compute."""
+
+    def __init__(self):
+        super().__init__()
+        self.next = 100
+        self.admitted = []  # (seq_id, context at admission)
+        self.live = set()
+
+    def admit(self, seq):
+        assert seq.seq_id not in self.live, "admitted before its old cache was released"
+        self.live.add(seq.seq_id)
+        self.admitted.append((seq.seq_id, list(seq.all_tokens)))
+        return 0
+
+    def run(self, plan, token=None):
+        for s in plan.release:
+            self.live.discard(s.seq_id)
+        result = StepResult()
+        for seq in plan.decode + [c.seq for c in plan.prefills if c.is_last]:
+            result.tokens[seq.seq_id] = self.next
+            self.next += 1
+        return result
+
+
+def test_context_shift_keeps_num_keep_drops_half_and_goes_on():
+    step = CountingStep()
+    sched = Scheduler(SchedulerConfig(), step.admit, {EOS})
+    seq = make_seq(1, 8, max_new=30, ctx=12, num_keep=2)
+    sched.add(seq)
+    while not seq.is_finished:
+        plan = sched.schedule()
+        sched.update(plan, step.run(plan))
+    # The whole output, past the context: the reply went on after each shift.
+    assert seq.output_tokens == list(range(100, 130)) and seq.done_reason == "length"
+    prompt = list(range(1, 9))
+    first_shift = step.admitted[1][1]
+    # Full at 12 tokens (8 + 4 out): keep 2, drop (12 - 2) // 2 = 5, recompute the other 7.
+    assert first_shift == prompt[:2] + (prompt + [100, 101, 102, 103])[7:]
+    assert len(step.admitted) > 3 and all(len(ctx) == 7 for _, ctx in step.admitted[1:])
+    assert seq.all_tokens[:2] == [1, 2] and seq.all_tokens[-1] == 129
+    assert seq.num_tokens < 12
+
+
+def test_context_shift_with_num_keep_minus_one_keeps_the_prompt():
+    step = CountingStep()
+    sched = Scheduler(SchedulerConfig(), step.admit, {EOS})
+    seq = make_seq(1, 6, max_new=12, ctx=10, num_keep=-1)
+    sched.add(seq)
+    while not seq.is_finished:
+        plan = sched.schedule()
+        sched.update(plan, step.run(plan))
+    assert all(ctx[:6] == list(range(1, 7)) for _, ctx in step.admitted)
+    assert len(seq.output_tokens) == 12
+
+
+def test_context_shift_does_not_disturb_other_streams():
+    step = CountingStep()
+    sched = Scheduler(SchedulerConfig(), step.admit, {EOS})
+    short = make_seq(1, 8, max_new=20, ctx=12)
+    other = make_seq(2, 3, max_new=20, ctx=100)
+    sched.add(short)
+    sched.add(other)
+    while not (short.is_finished and other.is_finished):
+        plan = sched.schedule()
+        sched.update(plan, step.run(plan))
+    assert len(short.output_tokens) == 20 and len(other.output_tokens) == 20
+    assert [sid for sid, _ in step.admitted].count(2) == 1  # never recomputed
 
 
 def test_cancel_removes_from_batch_at_next_step():
@@ -295,3 +365,60 @@ def test_chunks_do_not_shrink_to_the_minimum_when_each_chunk_has_a_fixed_cost():
     assert all(33 <= n <= 35 for n in sizes[-20:]), str(sizes)
     extra = [0.009 + 0.00026 * n for n in sizes[-20:]]
     assert max(extra) <= 0.75 * 0.024 + 1e-9
+
+
+# -- out of memory -------------------------------------------------------------------------------
+
+def test_a_sequence_alone_that_outgrows_the_kv_budget_fails_with_insufficient_memory():
+    from mlxr.shared.errors import InsufficientMemory
+
+    sched, step = make(SchedulerConfig(kv_token_budget=12))
+    assert sched.fits(11) and not sched.fits(12)
+    seq = make_seq(1, 8, max_new=100, ctx=1000)
+    sched.add(seq)
+    touched = []
+    while not seq.is_finished:
+        touched += run_step(sched, step)[1]
+    assert seq.status == SeqStatus.FINISHED_ERROR and isinstance(seq.error, InsufficientMemory)
+    assert seq.error.status == 507 and "12 tokens" in seq.error.message
+    assert seq.num_tokens == 12 and touched[-1] is seq  # its error line goes out
+    assert step.released == [1] and not sched.has_work
+
+
+def test_prefilling_sequences_make_room_for_a_running_one():
+    sched, step = make(SchedulerConfig(kv_token_budget=20, prefill_chunk=4, min_prefill_chunk=4,
+                                       step_token_budget=5))
+    first = make_seq(1, 4, max_new=12)
+    sched.add(first)
+    run_step(sched, step)
+    assert first in sched.running
+    late = make_seq(2, 12, max_new=2)
+    sched.add(late)
+    while not (first.is_finished and late.is_finished):
+        run_step(sched, step)
+        assert sched._kv_tokens() <= 20
+    assert first.done_reason == "length" and late.done_reason == "length"
+
+
+def test_recover_fails_the_growing_sequences_and_the_rest_recompute():
+    step = CountingStep()
+    sched = Scheduler(SchedulerConfig(prefill_chunk=64), step.admit, {EOS})
+    running = [make_seq(i, 4, max_new=6) for i in (1, 2)]
+    for seq in running:
+        sched.add(seq)
+    plan = sched.schedule()
+    sched.update(plan, step.run(plan))
+    big = make_seq(3, 40, max_new=3)
+    sched.add(big)
+    plan = sched.schedule()
+    assert [c.seq for c in plan.prefills] == [big] and plan.decode == running
+    step.live.clear()  # the model step lost every cache
+    failed = sched.recover(plan, MemoryError("[malloc] out of memory"))
+    assert failed == [big] and big.error.status == 507
+    assert all(s.status == SeqStatus.PREEMPTED and s.num_computed == 0 for s in running)
+    while not all(s.is_finished for s in running):
+        plan = sched.schedule()
+        sched.update(plan, step.run(plan))
+    assert all(s.done_reason == "length" and len(s.output_tokens) == 6 for s in running)
+    other = sched.recover(StepPlan(), RuntimeError("a bug"))
+    assert other == []

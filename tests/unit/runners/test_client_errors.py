@@ -78,3 +78,10 @@ def test_an_unknown_or_missing_kind_falls_back_by_status():
 def test_a_status_sent_with_a_kind_is_kept():
     err = _http_error(422, orjson.dumps({"error": "bad", "kind": "invalid_request"}))
     assert type(err) is InvalidRequest and err.status == 422
+
+
+@pytest.mark.parametrize("status", ["teapot", None, 99, 1000, 2.5, [500]])
+def test_a_malformed_status_on_an_error_line_is_a_runner_failure(status):
+    with pytest.raises(MlxrError) as info:
+        _chunk({"error": {"message": "boom", "status": status}})
+    assert info.value.status == 500 and "boom" in info.value.message

@@ -55,6 +55,10 @@ class FakeRunner:
     def crash(self) -> None:
         self.exited.set()
 
+    def abort_streams(self, make_error) -> int:
+        self.aborted_with = make_error()
+        return 1
+
 
 class Factory:
     """Makes FakeRunners; `live` sets what a model's runner reports; `gate` holds loads."""
@@ -359,4 +363,99 @@ def test_unload_of_a_busy_model_waits_for_its_requests():
         await settle()
         assert names(m) == set() and f.runners[0].stopped
         assert not await m.unload("a")
+    asyncio.run(main())
+
+
+# -- crash loops ---------------------------------------------------------------------------
+
+def crash_looping(**overrides):
+    m, f, clock = make(**{"max_load_failures": 3, "load_failure_cooldown_s": 60.0, **overrides})
+    f.fail = "runner for a exited with code 1 while loading: bad weights"
+    return m, f, clock
+
+
+async def fail_loads(m, n: int, digest: str = "sha256:1") -> None:
+    for _ in range(n):
+        with pytest.raises(RunnerFailed):
+            await m.acquire(dataclasses.replace(spec("a"), digest=digest), 60.0)
+
+
+def test_a_crash_looping_model_is_refused_without_spawning_until_the_cool_down():
+    async def main():
+        m, f, clock = crash_looping()
+        await fail_loads(m, 3)
+        assert f.loads == ["a"] * 3
+        with pytest.raises(RunnerFailed) as info:
+            await m.acquire(dataclasses.replace(spec("a"), digest="sha256:1"), 60.0)
+        assert f.loads == ["a"] * 3, "refused without a new runner"
+        assert "failed to load 3 times in a row" in info.value.message
+        assert "tried again in 60s" in info.value.message
+        assert info.value.message.endswith("last error: runner for a exited with code 1 "
+                                           "while loading: bad weights")
+        clock.advance(59.0)
+        await fail_loads(m, 1)
+        assert len(f.loads) == 3
+        clock.advance(1.0)  # the cool-down has passed: one more try, which fails again
+        await fail_loads(m, 1)
+        assert len(f.loads) == 4
+        await fail_loads(m, 1)
+        assert len(f.loads) == 4, "refused for another cool-down"
+        clock.advance(60.0)
+        f.fail = None
+        m.release(await m.acquire(dataclasses.replace(spec("a"), digest="sha256:1"), 60.0))
+        assert len(f.loads) == 5 and names(m) == {"a"}
+    asyncio.run(main())
+
+
+def test_a_crash_loop_ends_when_the_model_changes_or_is_unloaded():
+    async def main():
+        m, f, _ = crash_looping()
+        await fail_loads(m, 3)
+        await fail_loads(m, 1, digest="sha256:2")  # re-created: loaded again at once
+        assert len(f.loads) == 4
+        await fail_loads(m, 2, digest="sha256:2")
+        assert len(f.loads) == 6
+        await fail_loads(m, 1, digest="sha256:2")
+        assert len(f.loads) == 6, "three failures of the new digest: refused again"
+        assert not await m.unload("a")  # `ollama stop a`: nothing loaded, failures forgotten
+        await fail_loads(m, 1, digest="sha256:2")
+        assert len(f.loads) == 7
+    asyncio.run(main())
+
+
+def test_only_failures_in_a_row_count_and_zero_turns_it_off():
+    async def main():
+        m, f, _ = crash_looping()
+        await fail_loads(m, 2)
+        f.fail = None
+        m.release(await m.acquire(dataclasses.replace(spec("a"), digest="sha256:1"), 0.0))
+        f.fail = "still broken"
+        await fail_loads(m, 2)
+        assert len(f.loads) == 5, "a success in between starts the count again"
+
+        m, f, _ = crash_looping(max_load_failures=0)
+        await fail_loads(m, 5)
+        assert len(f.loads) == 5
+    asyncio.run(main())
+
+
+# -- shutdown ------------------------------------------------------------------------------
+
+def test_abort_all_ends_streams_fails_load_waiters_and_refuses_new_leases():
+    async def main():
+        m, f, _ = make()
+        lease = await m.acquire(spec("a"), 60.0)
+        f.gate = asyncio.Event()
+        waiting = asyncio.ensure_future(m.acquire(spec("b"), 60.0))
+        await settle()
+        assert f.loads == ["a", "b"]
+        assert m.abort_all(lambda: ServerBusy("server shutting down")) == 1
+        assert f.runners[0].aborted_with.message == "server shutting down"
+        with pytest.raises(ServerBusy, match="server shutting down"):
+            await waiting
+        with pytest.raises(ServerBusy, match="server shutting down"):
+            await m.acquire(spec("a"), 60.0)
+        m.release(lease)
+        await m.close()
+        assert not f.alive()
     asyncio.run(main())
