@@ -29,7 +29,7 @@ import mlx.core as mx
 
 from mlxr.shared.blas import loaded_blas
 from mlxr.shared.config import RunnerConfig
-from mlxr.shared.errors import RunnerFailed
+from mlxr.shared.errors import MlxrError, RunnerFailed
 from mlxr.shared.protocol import RunnerStatus, error_line
 from mlxr.runner.loader import LoadedModel, load_model, make_scheduler
 from mlxr.runner.outputs import Outputs
@@ -54,6 +54,7 @@ class Engine:
         self.state = "loading"
         self.progress = 0.0
         self.error: str | None = None
+        self.error_kind: str | None = None
         self.loaded: LoadedModel | None = None
         self.scheduler: Scheduler | None = None
         self.outputs: Outputs | None = None
@@ -99,6 +100,7 @@ class Engine:
             memory=self.memory_bytes if loaded else 0,
             kv_bytes=self.kv_bytes, active=sched.num_active if sched else 0,
             waiting=sched.num_waiting if sched else 0, error=self.error,
+            error_kind=self.error_kind,
             capabilities=loaded.capabilities if loaded else [],
             blas_path=self.blas.path or "", blas_config=self.blas.config)
 
@@ -109,6 +111,7 @@ class Engine:
         except Exception as exc:
             log.exception("model load failed")
             self.error = f"failed to load model: {exc}"
+            self.error_kind = exc.kind if isinstance(exc, MlxrError) else None
             self.state = "error"
             return
         self.state = "ready"

@@ -14,8 +14,8 @@ from typing import Any
 from aiohttp import web
 
 from mlxr.shared.config import RunnerConfig
-from mlxr.shared.errors import (ContextOverflow, InvalidRequest, MlxrError, RunnerFailed,
-                                ServerBusy, Unauthorized)
+from mlxr.shared.errors import (ContextOverflow, InvalidModelFile, InvalidRequest, MlxrError,
+                                RunnerFailed, ServerBusy, Unauthorized)
 from mlxr.shared.ndjson import dumps_line
 from mlxr.shared.protocol import CompletionRequest, EmbedRequest, error_body
 from mlxr.shared.runner_auth import TokenCheck
@@ -64,6 +64,8 @@ def _loads(raw: str) -> Any:
 def _ready_engine(request: web.Request) -> Engine:
     engine = request.app[ENGINE]
     if engine.state == "error":
+        if engine.error_kind == InvalidModelFile.kind:
+            raise InvalidModelFile(engine.error or "invalid model file")
         raise RunnerFailed(engine.error or "model failed to load")
     if engine.state != "ready":
         raise ServerBusy("model is still loading")

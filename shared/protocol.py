@@ -268,6 +268,9 @@ class RunnerStatus:
     active: int = 0
     waiting: int = 0
     error: str | None = None
+    # The kind (shared/errors.py) of the error that failed the load, when it has one: a bad
+    # model file is `invalid_model_file`, which the supervisor answers as a 400.
+    error_kind: str | None = None
     capabilities: list[str] = field(default_factory=list)
     # The library serving cblas_sgemm in the runner ("" for MLX's own) and its description:
     # a benchmark gives its peers exactly this file.

@@ -31,7 +31,8 @@ import orjson
 
 from mlxr.shared.blas import BlasChoice, choose
 from mlxr.shared.config import RunnerConfig, Settings
-from mlxr.shared.errors import MlxrError, RunnerFailed, from_status, from_wire
+from mlxr.shared.errors import (InvalidModelFile, MlxrError, RunnerFailed, from_status,
+                                from_wire)
 from mlxr.shared.exits import describe_exit
 from mlxr.shared.protocol import Chunk, CompletionRequest, EmbedRequest, EmbedResponse, RunnerStatus
 from mlxr.shared.runner_auth import auth_header, make_token
@@ -189,8 +190,11 @@ class RunnerClient:
                 if status is not None and status.status == "ready":
                     return status
                 if status is not None and status.status == "error":
-                    raise self.failure(f"runner failed to load {self.config.model_name}: "
-                                       f"{status.error or 'unknown error'}")
+                    message = (f"runner failed to load {self.config.model_name}: "
+                               f"{status.error or 'unknown error'}")
+                    if status.error_kind == InvalidModelFile.kind:  # the files, not the runner
+                        raise InvalidModelFile(message)
+                    raise self.failure(message)
                 if time.monotonic() >= deadline:
                     raise self.failure(f"timed out after {timeout_s:g}s loading "
                                        f"{self.config.model_name}")

@@ -9,9 +9,10 @@ import asyncio
 import shutil
 import uuid
 
-from mlxr.shared.errors import ModelNotFound, RegistryError
+from mlxr.shared.errors import InsufficientStorage, ModelNotFound, RegistryError
 
 from .create import CreateRequest, create_model
+from .files import is_no_space
 from .names import DEFAULT_TAG, ModelName
 from .shared_job import Emit
 from .store import Store
@@ -39,7 +40,12 @@ async def pull_huggingface(store: Store, name: ModelName, emit: Emit,
             emit(item)
     except (RepositoryNotFoundError, RevisionNotFoundError):
         raise ModelNotFound(f'model "{name.display}" not found on Hugging Face') from None
-    except (HfHubHTTPError, OSError, ValueError) as exc:
+    except OSError as exc:
+        if is_no_space(exc):  # nothing is kept: the download directory goes below
+            raise InsufficientStorage(f"no space left on device while pulling {repo_id} from "
+                                      "Hugging Face; nothing was kept") from None
+        raise RegistryError(f"Hugging Face pull of {repo_id} failed: {exc}") from None
+    except (HfHubHTTPError, ValueError) as exc:
         raise RegistryError(f"Hugging Face pull of {repo_id} failed: {exc}") from None
     finally:
         await asyncio.to_thread(shutil.rmtree, work, True)

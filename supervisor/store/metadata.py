@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from mlxr.shared.errors import InvalidRequest
+from mlxr.shared.model_checks import read_safetensors_header as check_safetensors_header
 
 _DTYPE_NAMES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "F64": "F64", "F8_E4M3": "F8_E4M3"}
 _EMBEDDING_ARCHS = {"bert", "roberta", "xlm-roberta", "nomic_bert", "modernbert", "distilbert"}
-MAX_HEADER_BYTES = 100 << 20
 
 
 @dataclass(slots=True)
@@ -42,21 +41,12 @@ def human_number(n: int) -> str:
 
 
 def read_safetensors_header(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise InvalidRequest(f"{path.name} is not a safetensors file")
-        (length,) = struct.unpack("<Q", raw)
-        if length > MAX_HEADER_BYTES:
-            raise InvalidRequest(f"{path.name} is not a safetensors file (header too large)")
-        try:
-            header = json.loads(f.read(length))
-        except (ValueError, UnicodeDecodeError):
-            raise InvalidRequest(f"{path.name} is not a safetensors file") from None
-    if not isinstance(header, dict):
-        raise InvalidRequest(f"{path.name} is not a safetensors file")
-    header.pop("__metadata__", None)
-    return header
+    """A safetensors file's tensors as its header names them (name -> dtype, shape,
+    data_offsets), after shared/model_checks.py has checked the header against the file: an
+    untrusted file is a 400 (InvalidModelFile), never an allocation of its claimed size."""
+    header = check_safetensors_header(path)
+    return {name: {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [t.begin, t.end]}
+            for name, t in header.tensors.items()}
 
 
 def count_parameters(headers: list[dict[str, Any]], bits: int | None) -> tuple[int, str]:

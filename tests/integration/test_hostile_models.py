@@ -165,13 +165,13 @@ def test_a_model_changed_after_create_fails_its_load_with_a_clear_error(server, 
     message = "config.json: num_hidden_layers 1000000 is out of range (1 to 4,096)"
     resp = http.post("/api/generate", json={"model": "tampered", "prompt": "hi",
                                             "stream": False})
-    assert resp.status_code == 500, resp.text
+    assert resp.status_code == 400, resp.text  # the model's files are at fault
     error = resp.json()["error"]
     assert f"runner failed to load tampered:latest: failed to load model: {message}" in error
     assert "signal" not in error and "exited" not in error  # refused, not crashed
     resp = http.post("/v1/chat/completions", json={
         "model": "tampered", "messages": [{"role": "user", "content": "hi"}]})
-    assert resp.status_code >= 400 and message in resp.json()["error"]["message"]
+    assert resp.status_code == 400 and message in resp.json()["error"]["message"]
     assert http.get("/api/tags").status_code == 200 and server.proc.poll() is None
 
 
@@ -201,8 +201,9 @@ def test_a_runner_refuses_a_hostile_directory_and_says_why(subprocess_env, tmp_p
     with runner_process.running(model, subprocess_env) as url:
         assert seen["status"] == "error"
         assert seen["error"] == f"failed to load model: {message}"
+        assert seen["error_kind"] == "invalid_model_file"
         resp = httpx.post(url + "/v1/completions", json={"prompt": "hi"}, timeout=10)
-        assert resp.status_code == 500 and message in resp.text
+        assert resp.status_code == 400 and message in resp.text
         assert seen["proc"].poll() is None
 
 

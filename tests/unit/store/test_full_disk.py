@@ -176,3 +176,22 @@ def test_a_gguf_conversion_that_fills_the_disk_is_a_507_and_leaves_nothing(
     assert err.message.startswith("no space left on device while converting the GGUF model "
                                   "to MLX (its partial output was removed)")
     assert snapshot(store.root) == {} and leftovers(store) == []
+
+
+def test_a_hugging_face_download_that_fills_the_disk_is_a_507_and_keeps_nothing(
+        store, monkeypatch):
+    import huggingface_hub
+
+    from mlxr.supervisor.store.hf import pull_huggingface
+
+    def download(*, local_dir, **_):
+        Path(local_dir).mkdir(parents=True)
+        (Path(local_dir) / "model.safetensors").write_bytes(b"x" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    before = snapshot(store.root)
+    with pytest.raises(InsufficientStorage) as info:
+        asyncio.run(pull_huggingface(store, parse_name("hf.co/org/repo"), lambda item: None))
+    assert info.value.status == 507 and "pulling org/repo from Hugging Face" in info.value.message
+    assert snapshot(store.root) == before and leftovers(store) == []
