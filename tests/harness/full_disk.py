@@ -15,16 +15,12 @@ from __future__ import annotations
 import builtins
 import errno
 import os
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx
-
-from tests.harness.server import ROOT, Server, free_port
+from tests.harness.server import Server, start_server
 
 # The store modules whose `open` the quota replaces: every file the store itself writes.
 PATCHED_MODULES = ("mlxr.supervisor.store.blobs", "mlxr.supervisor.store.files")
@@ -106,30 +102,8 @@ class DiskQuota:
 def start_full_disk_server(tmp: Path, base_env: dict[str, str], quota_file: Path,
                            **env: str) -> Server:
     """`mlxr serve` with the quota (bytes, in `quota_file`) over its store."""
-    port = free_port()
-    models_dir = tmp / "models"
-    models_dir.mkdir(parents=True, exist_ok=True)
-    full_env = {**base_env, "MLXR_HOST": f"127.0.0.1:{port}", "MLXR_MODELS": str(models_dir),
-                "OLLAMA_HOST": f"127.0.0.1:{port}", **env}
-    full_env.pop("HTTP_PROXY", None)
-    full_env.pop("http_proxy", None)
-    log_path = tmp / f"serve-{port}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.harness.full_disk", str(quota_file),
-                             "serve"], env=full_env, stdout=open(log_path, "wb"),
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
-    server = Server(proc, f"http://127.0.0.1:{port}", models_dir, log_path)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mlxr serve exited: {server.log()[-3000:]}")
-        try:
-            if httpx.get(server.url + "/", timeout=1, trust_env=False).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    server.stop()
-    raise TimeoutError(f"mlxr serve did not start: {server.log()[-3000:]}")
+    return start_server(tmp, base_env, command=["-m", "tests.harness.full_disk", str(quota_file),
+                                                "serve"], **env)
 
 
 def main() -> None:

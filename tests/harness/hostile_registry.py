@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from tests.harness.server import free_port
+from tests.harness.server import free_port, serve_in_thread
 
 MEDIA_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 MEDIA_CONFIG = "application/vnd.docker.container.image.v1+json"
@@ -98,16 +98,8 @@ class HostileRegistry:
         return f"{self.host}/{repository}:latest"
 
     def start(self) -> "HostileRegistry":
-        started = threading.Event()
         self.port = free_port()
-
-        def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(self._serve(started))
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        assert started.wait(10)
+        self._loop, self._thread = serve_in_thread(self._serve)
         return self
 
     def stop(self) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 from aiohttp import ClientSession, web
 
-from tests.harness.server import free_port
+from tests.harness.server import free_port, serve_in_thread
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 TOKEN_PREFIX = "test-token:"
@@ -102,16 +102,8 @@ class Proxy:
         return [r for r in self.log if r.method == "GET" and "/blobs/" in r.path]
 
     def start(self) -> "Proxy":
-        started = threading.Event()
         self.port = free_port()
-
-        def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(self._serve(started))
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        started.wait(10)
+        self._loop, self._thread = serve_in_thread(self._serve)
         return self
 
     def stop(self) -> None:

@@ -3,6 +3,7 @@ model store, and helpers to put models into that store."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,10 +85,14 @@ class Server:
                 self.proc.wait()
 
 
+SERVE = ["-m", "mlxr.supervisor.cli", "serve"]
+
+
 def start_server(tmp: Path, base_env: dict[str, str], models_dir: Path | None = None,
-                 socket_path: Path | None = None, **env: str) -> Server:
-    """Start `mlxr serve` (as `python -m mlxr.supervisor.cli serve`) and wait until it answers;
-    on `socket_path` (MLXR_HOST=unix://...) when given."""
+                 socket_path: Path | None = None, command: list[str] = SERVE,
+                 **env: str) -> Server:
+    """Start `mlxr serve` (as `python <command>`, by default `-m mlxr.supervisor.cli serve`)
+    and wait until it answers; on `socket_path` (MLXR_HOST=unix://...) when given."""
     port = free_port()
     models_dir = models_dir or tmp / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -96,7 +102,7 @@ def start_server(tmp: Path, base_env: dict[str, str], models_dir: Path | None = 
     full_env.pop("HTTP_PROXY", None)
     full_env.pop("http_proxy", None)
     log_path = tmp / f"serve-{port}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "mlxr.supervisor.cli", "serve"], env=full_env,
+    proc = subprocess.Popen([sys.executable, *command], env=full_env,
                             stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, cwd=ROOT)
     url = "http://localhost" if socket_path else f"http://127.0.0.1:{port}"
@@ -140,6 +146,17 @@ def write_fake_model(dest: Path) -> Path:
               str(dest / "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(QWEN3_CONFIG, dest / "tokenizer_config.json")
     return dest
+
+
+def serve_in_thread(serve) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """Run `serve(started)` (a coroutine function that sets the event once it listens) on a
+    new event loop in a daemon thread; returns (loop, thread) once it has started."""
+    started = threading.Event()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=lambda: loop.run_until_complete(serve(started)), daemon=True)
+    thread.start()
+    assert started.wait(10), "the test server did not start"
+    return loop, thread
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:

@@ -1,0 +1,185 @@
+"""Realistic traffic for `mlxr bench --scenarios mixed,chat,long` (issue 19): the pure parts.
+
+Invariants:
+- Everything a target is sent comes from a seeded `random.Random`, so every target in a run
+  (and every run with the same seed and scale) gets the same lengths, arrivals and prompts.
+- `scale` shrinks token lengths and request counts, never the concurrency the scenario is
+  about (16 in flight, 16 users, 2 long + 14 short streams), and never below a floor that
+  keeps each figure meaningful.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from mlxr.supervisor.bench.metrics import RequestRecord, distribution, percentile
+
+
+def scaled(value: int, scale: float, floor: int) -> int:
+    return max(floor, round(value * scale))
+
+
+def log_uniform_ints(rng: random.Random, count: int, lo: int, hi: int) -> list[int]:
+    """`count` integers in [lo, hi] whose logarithm is uniform: as many short as long ones
+    per octave, the shape of real prompt lengths."""
+    if not 1 <= lo <= hi:
+        raise ValueError(f"need 1 <= lo <= hi, got {lo}, {hi}")
+    a, b = math.log(lo), math.log(hi + 1)
+    return [min(hi, int(math.exp(rng.uniform(a, b)))) for _ in range(count)]
+
+
+def uniform_ints(rng: random.Random, count: int, lo: int, hi: int) -> list[int]:
+    if not lo <= hi:
+        raise ValueError(f"need lo <= hi, got {lo}, {hi}")
+    return [rng.randint(lo, hi) for _ in range(count)]
+
+
+def poisson_arrivals(rng: random.Random, count: int, rate_per_s: float) -> list[float]:
+    """Arrival offsets (s, from 0) of a Poisson process: exponential gaps of mean 1/rate."""
+    if rate_per_s <= 0:
+        raise ValueError(f"rate must be positive, got {rate_per_s}")
+    t, out = 0.0, []
+    for _ in range(count):
+        t += rng.expovariate(rate_per_s)
+        out.append(t)
+    return out
+
+
+def rate_for_in_flight(in_flight: float, service_s: float) -> float:
+    """Little's law: a mean of `in_flight` requests each taking `service_s` needs this many
+    arrivals a second."""
+    if service_s <= 0:
+        raise ValueError(f"service time must be positive, got {service_s}")
+    return in_flight / service_s
+
+
+@dataclass(slots=True)
+class MixedRequest:
+    prompt_tokens: int
+    gen_tokens: int
+
+
+def mixed_requests(seed: int, count: int, scale: float) -> list[MixedRequest]:
+    """Prompts log-uniform over 32-4,000 tokens, outputs uniform over 16-512 (both upper
+    bounds scaled)."""
+    rng = random.Random(seed)
+    prompts = log_uniform_ints(rng, count, 32, scaled(4000, scale, 32))
+    gens = uniform_ints(rng, count, 16, scaled(512, scale, 16))
+    return [MixedRequest(p, g) for p, g in zip(prompts, gens)]
+
+
+@dataclass(slots=True)
+class Turn:
+    question: str
+    reply: str = ""
+
+
+@dataclass(slots=True)
+class Conversation:
+    """One chat user's history. The prompt of turn n resends every earlier question and the
+    model's actual reply to it, then the new question."""
+
+    turns: list[Turn] = field(default_factory=list)
+
+    def prompt(self, turn: int, cold_marker: str = "") -> str:
+        """The prompt for 0-based `turn`; `cold_marker` is put first, so that nothing of the
+        prompt is in a prefix cache (the same turn sent cold)."""
+        parts = [cold_marker] if cold_marker else []
+        for t in self.turns[:turn]:
+            parts.append(f"User: {t.question}\nAssistant: {t.reply}\n")
+        parts.append(f"User: {self.turns[turn].question}\nAssistant:")
+        return "".join(parts)
+
+
+def per_turn_table(ttfts: dict[int, list[float]], cold: dict[int, list[float]]) -> list[dict]:
+    """One row per turn number (1-based): warm TTFT p50/p99 and, where the turn was also
+    sent cold, the cold p50 and warm/cold of the medians."""
+    rows = []
+    for turn in sorted(ttfts):
+        warm = ttfts[turn]
+        row = {"turn": turn, "n": len(warm), "warm_ttft_p50_s": percentile(warm, 50),
+               "warm_ttft_p99_s": percentile(warm, 99)}
+        if cold.get(turn):
+            row["cold_ttft_p50_s"] = percentile(cold[turn], 50)
+            row["warm_over_cold"] = row["warm_ttft_p50_s"] / row["cold_ttft_p50_s"]
+        rows.append(row)
+    return rows
+
+
+def traffic_summary(records: list[RequestRecord], wall_s: float) -> dict:
+    """What issue 19 reports for every scenario: output tok/s, TTFT p50/p99, inter-token
+    p99 (plus the mean number in flight, Little's law from the records)."""
+    done = [r for r in records if r.error is None and r.num_tokens]
+    tokens = sum(r.num_tokens for r in done)
+    ttft = distribution([r.ttft_s for r in done])
+    itl = distribution([g for r in done for g in r.itls_s()])
+    busy = sum(r.e2e_s for r in done)
+    out = {"requests": len(records), "failed": len(records) - len(done), "output_tokens": tokens,
+           "wall_s": wall_s, "output_tok_s": tokens / wall_s if wall_s > 0 else math.nan,
+           "ttft_p50_s": ttft["p50"], "ttft_p99_s": ttft["p99"], "itl_p50_s": itl["p50"],
+           "itl_p99_s": itl["p99"], "mean_in_flight": busy / wall_s if wall_s > 0 else math.nan}
+    errors = [r.error for r in records if r.error]
+    if errors:
+        out["first_error"] = errors[0]
+    return out
+
+
+def live_tokens(records: list[RequestRecord], prompt_tokens: list[int], at_s: float) -> int:
+    """Tokens whose KV a server must hold at `at_s`: prompt plus output so far, for every
+    request started and not yet ended."""
+    total = 0
+    for r, p in zip(records, prompt_tokens):
+        if r.start_s <= at_s and not (r.end_s and r.end_s <= at_s):
+            total += p + sum(1 for t in r.token_times_s if t <= at_s)
+    return total
+
+
+class RssSampler:
+    """Peak resident memory of a serving process tree, sampled every `interval_s` on a
+    thread (the event loop is busy streaming). `include_root=False` counts only the
+    children (the runners under `mlxr serve`)."""
+
+    def __init__(self, pid: int, include_root: bool = True, interval_s: float = 0.1):
+        self.pid, self.include_root, self.interval_s = pid, include_root, interval_s
+        self.peak_bytes = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def rss_bytes(self) -> int:
+        try:
+            root = psutil.Process(self.pid)
+            procs = root.children(recursive=True) + ([root] if self.include_root else [])
+        except psutil.Error:
+            return 0
+        total = 0
+        for p in procs:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_bytes = max(self.peak_bytes, self.rss_bytes())
+            self.samples += 1
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def now_s() -> float:
+    return time.perf_counter()
