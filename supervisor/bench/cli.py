@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import tempfile
 import time
@@ -14,8 +15,10 @@ import psutil
 from tokenizers import Tokenizer
 
 from mlxr.supervisor.bench import peers, scenarios
+from mlxr.supervisor.bench import realistic, traffic
 from mlxr.supervisor.bench.load import make_prompts, run_load
 from mlxr.supervisor.bench.targets import OpenAITarget, RunnerTarget, Sampling
+from mlxr.supervisor.bench.targets import greedy_agreement
 
 PRESETS = ("tiny", "small", "medium")
 
@@ -43,11 +46,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=int, default=0,
                    help="requests per level (default: 2 x concurrency, at least 4)")
     p.add_argument("--sampling", default="greedy", choices=["greedy", "ollama"])
-    p.add_argument("--against", default="", help="peer to run in the same run: mlx_lm")
+    p.add_argument("--against", default="",
+                   help="comma list of peers to run in the same run: mlx_lm, llamacpp")
+    p.add_argument("--llama-server", default=os.environ.get("MLXR_LLAMA_SERVER", ""),
+                   help="llama.cpp's llama-server binary (default: $MLXR_LLAMA_SERVER, PATH)")
+    p.add_argument("--llamacpp-types", default="F32",
+                   help="comma list of GGUF types llama-server serves, one server each (F32, Q8_0)")
     p.add_argument("--direct", action="store_true",
                    help="also drive a runner directly, bypassing the supervisor")
     p.add_argument("--scenarios", default="",
-                   help="comma list of extra scenarios: prefix, single, stall (or all)")
+                   help="comma list of extra scenarios: prefix, single, stall (or all); "
+                        "realistic traffic (issue 19): mixed, chat, long")
+    p.add_argument("--scenario-scale", type=float, default=1.0,
+                   help="scale the realistic scenarios' token lengths and request counts")
+    p.add_argument("--mixed-rate", type=float, default=0.0,
+                   help="mixed: arrivals per second (default: measured to keep 16 in flight)")
     p.add_argument("--output", default="bench-results", help="directory for JSON and PNG")
     return p
 
@@ -61,9 +74,25 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = resolve_model(args.model, Path.home() / ".cache" / "mlxr-bench")
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     sampling = Sampling.named(args.sampling)
+    against = {a.strip() for a in args.against.split(",") if a.strip()}
+    unknown_peers = sorted(against - {"mlx_lm", "llamacpp"})
+    if unknown_peers:
+        raise SystemExit(f"--against: unknown peers {', '.join(unknown_peers)} (mlx_lm, llamacpp)")
+    llama_binary = None
+    if "llamacpp" in against:
+        try:
+            llama_binary = peers.find_llama_server(args.llama_server)
+        except peers.PeerNotFound as exc:
+            raise SystemExit(str(exc)) from None
 
     procs: list[peers.Process] = []
     targets = []
+    wanted = {n.strip() for n in args.scenarios.split(",")} & set(realistic.NAMES)
+    if args.scenario_scale <= 0:
+        raise SystemExit("--scenario-scale must be positive")
+    runner_config = {"context_length": realistic.CONTEXT_LENGTH} if wanted else {}
+    if wanted:  # 8,000 tokens of context: more than the default 4,096 (our runners only)
+        os.environ.setdefault("MLXR_CONTEXT_LENGTH", str(realistic.CONTEXT_LENGTH))
     try:
         parallel = max(levels + [16])
         server = peers.start_supervisor(model_dir, work, parallel)
@@ -73,19 +102,29 @@ def main(argv: list[str] | None = None) -> None:
         print(f"blas (read from the mlxr runner, preloaded into every peer): "
               f"{blas['path'] or 'MLX own'} [{blas['config']}]", flush=True)
         if args.direct:
-            runner = peers.start_runner(model_dir, work, num_parallel=parallel)
+            runner = peers.start_runner(model_dir, work, num_parallel=parallel, **runner_config)
             procs.append(runner)
             targets.append(RunnerTarget("mlxr-runner", runner.url))
-        if args.against == "mlx_lm":
+        if "mlx_lm" in against:
             peer = peers.start_mlx_lm_server(model_dir, work, blas["path"])
             procs.append(peer)
             targets.append(OpenAITarget("mlx_lm.server", peer.url, peer.extra["model"]))
+        if llama_binary is not None:
+            targets += start_llamacpp(llama_binary, model_dir, work, parallel, args, tokenizer,
+                                      procs)
+            agreement = asyncio.run(check_greedy(targets, tokenizer))
         results = asyncio.run(sweep(targets, tokenizer, levels, args, sampling)) if levels else {}
         # Scenarios time single tokens: the runner's protocol reports every token as it is
         # made, where the HTTP APIs only send tokens that have text.
         exact = next((t for t in targets if isinstance(t, RunnerTarget)), targets[0])
         extra = asyncio.run(run_scenarios(args.scenarios, exact, tokenizer, model_dir,
                                           blas["path"]))
+        if wanted:
+            extra["realistic"] = asyncio.run(realistic.run(
+                wanted, realistic.served_targets(targets, procs), tokenizer,
+                args.scenario_scale, model_dir, args.mixed_rate))
+        if llama_binary is not None:
+            extra.update(agreement)
     finally:
         for p in procs:
             p.stop()
@@ -102,10 +141,44 @@ def main(argv: list[str] | None = None) -> None:
     m = report["machine"]
     print(f"\ncpu: {m['cpu']} (avx512f {'yes' if m['avx512f'] else 'no'}); "
           f"blas: {blas['path'] or 'MLX own'} [{blas['config']}]")
+    if "realistic" in extra:
+        print("\n" + traffic.report_markdown(extra.pop("realistic")))
     for name, figures in extra.items():
         print(f"\n{name}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                         for k, v in figures.items()))
     print(f"\nwrote {out_dir / 'bench.json'}")
+
+
+def start_llamacpp(binary: Path, model_dir: Path, work: Path, parallel: int, args, tokenizer,
+                   procs: list) -> list[OpenAITarget]:
+    """One llama-server per GGUF type, on every core, with our writer's GGUF of the model."""
+    targets = []
+    bias = peers.end_token_bias(tokenizer)
+    for file_type in [t.strip() for t in args.llamacpp_types.split(",") if t.strip()]:
+        gguf = peers.gguf_model(model_dir, Path.home() / ".cache" / "mlxr-bench" / "gguf",
+                                file_type)
+        p = peers.start_llama_server(gguf, work, parallel, os.cpu_count() or 1, binary,
+                                     ctx_per_slot=args.prompt_tokens + args.gen_tokens + 128,
+                                     name=f"llama-server-{file_type}")
+        procs.append(p)
+        print(f"llama-server {file_type}: {binary} serving {gguf}", flush=True)
+        targets.append(OpenAITarget(f"llama.cpp {file_type}", p.url, p.extra["model"],
+                                    {"logit_bias": bias}))
+    return targets
+
+
+async def check_greedy(targets, tokenizer, count: int = 8, gen_tokens: int = 24) -> dict:
+    """Greedy replies of each llama.cpp server against mlxr's, on `count` prompts."""
+    prompts = make_prompts(tokenizer, count, 32, seed=424242)
+    out = {}
+    for other in targets[1:]:
+        if other.name.startswith("llama.cpp"):
+            figures = await greedy_agreement(targets[0], other, tokenizer, prompts, gen_tokens)
+            print(f"greedy {other.name} vs {targets[0].name}: {figures['identical']}/"
+                  f"{figures['prompts']} replies identical, {figures['tokens_matched']}/"
+                  f"{figures['tokens']} tokens", flush=True)
+            out[f"greedy_{other.name}"] = figures
+    return out
 
 
 async def sweep(targets, tokenizer, levels, args, sampling) -> dict:
@@ -130,7 +203,7 @@ async def sweep(targets, tokenizer, levels, args, sampling) -> dict:
 async def run_scenarios(spec: str, target, tokenizer, model_dir: Path, blas_path: str) -> dict:
     names = {"prefix", "single", "stall"} if spec == "all" else \
         {n.strip() for n in spec.split(",") if n.strip()}
-    unknown = names - {"prefix", "single", "stall"}
+    unknown = names - {"prefix", "single", "stall"} - set(realistic.NAMES)
     if unknown:
         raise SystemExit(f"unknown scenarios: {', '.join(sorted(unknown))}")
     out: dict[str, dict] = {}

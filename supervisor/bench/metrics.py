@@ -19,6 +19,7 @@ class RequestRecord:
     token_times_s: list[float] = field(default_factory=list)  # one entry per output token
     end_s: float = 0.0
     error: str | None = None
+    text: str = ""  # the reply, for scenarios that send it back (chat)
 
     @property
     def num_tokens(self) -> int:

@@ -4,8 +4,10 @@ peer gets exactly the file our runner reports serving its sgemm."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -132,4 +134,86 @@ def start_supervisor(model_dir: Path, workdir: Path, num_parallel: int,
         [running] = http.get("/api/ps").json()["models"]
     p.extra["model"] = model
     p.extra["blas"] = running["blas"]
+    return p
+
+
+# llama.cpp's llama-server: a peer built outside this repository (scripts/build_llama_server.sh)
+# and fed the bench model as GGUF, written by our own writer.
+
+BUILD_HINT = ("build it with `scripts/build_llama_server.sh SDIST OUT_DIR` (llama.cpp as vendored "
+              "in the llama-cpp-python sdist; see docs/PERFORMANCE.md, section llama.cpp), then "
+              "pass --llama-server PATH or set MLXR_LLAMA_SERVER")
+
+# Token texts llama.cpp ends a generation on besides the model's EOS (it matches them by text,
+# whatever the tokenizer says). In the Qwen3 vocabulary: </s> 128247, <|fim_pad|> 151662,
+# <|repo_name|> 151663, <|file_sep|> 151664; <|endoftext|> and <|im_end|> are the EOS ids.
+LLAMA_END_TOKENS = ("</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
+                    "<end_of_turn>", "<|end_of_text|>", "<EOT>", "<|fim_pad|>", "<|repo_name|>",
+                    "<|file_sep|>", "<|fim_rep|>", "<|fim_sep|>", "<|return|>", "<|call|>")
+END_TOKEN_BIAS = -100.0
+
+
+class PeerNotFound(RuntimeError):
+    """A peer the bench was asked to run against is not installed."""
+
+
+def find_llama_server(path: str = "") -> Path:
+    """The llama-server binary: `path` (the flag or MLXR_LLAMA_SERVER), else `llama-server` on
+    PATH; a PeerNotFound that says how to build it otherwise."""
+    if path:
+        binary = Path(path).expanduser()
+        if not (binary.is_file() and os.access(binary, os.X_OK)):
+            raise PeerNotFound(f"llama-server: {binary} is not an executable file; {BUILD_HINT}")
+        return binary
+    found = shutil.which("llama-server")
+    if found is None:
+        raise PeerNotFound(f"llama-server not found on PATH; {BUILD_HINT}")
+    return Path(found)
+
+
+def end_token_bias(tokenizer) -> dict[str, float]:
+    """logit_bias (OpenAI's shape: token id string -> bias) that keeps every token llama.cpp
+    would stop on from being sampled, so replies run to the length asked on every server."""
+    ids = {tokenizer.token_to_id(text) for text in LLAMA_END_TOKENS} - {None}
+    return {str(i): END_TOKEN_BIAS for i in sorted(ids)}
+
+
+def gguf_model(model_dir: Path, cache_dir: Path, file_type: str = "F32") -> Path:
+    """`model_dir` as a GGUF file of `file_type`, written once by our writer and cached under
+    `cache_dir` (keyed by the model's path and weights, so a changed model is rewritten)."""
+    from mlxr.supervisor.store.gguf.write import write_gguf
+
+    weights = sorted(Path(model_dir).glob("*.safetensors"))
+    key = hashlib.sha256(str(Path(model_dir).resolve()).encode())
+    for w in weights:
+        stat = w.stat()
+        key.update(f"{w.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    dest = Path(cache_dir) / f"{Path(model_dir).name}-{key.hexdigest()[:12]}-{file_type}.gguf"
+    if not dest.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        partial = dest.with_suffix(".partial")
+        write_gguf(Path(model_dir), partial, file_type)
+        partial.rename(dest)
+    return dest
+
+
+def llama_server_args(binary: Path, gguf_path: Path, port: int, num_parallel: int, threads: int,
+                      ctx_per_slot: int) -> list[str]:
+    """llama-server's command line: `num_parallel` slots with continuous batching, `threads` for
+    generation and for prompts, and a KV cache of `ctx_per_slot` tokens for every slot."""
+    return [str(binary), "-m", str(gguf_path), "--host", "127.0.0.1", "--port", str(port),
+            "-np", str(num_parallel), "--cont-batching", "-t", str(threads), "-tb", str(threads),
+            "-c", str(ctx_per_slot * num_parallel), "--no-webui"]
+
+
+def start_llama_server(gguf_path: Path, workdir: Path, num_parallel: int, threads: int,
+                       binary: Path | None = None, ctx_per_slot: int = 1024,
+                       name: str = "llama-server") -> Process:
+    """llama.cpp's llama-server on a free port, serving `gguf_path`."""
+    binary = binary or find_llama_server()
+    port = free_port()
+    args = llama_server_args(binary, gguf_path, port, num_parallel, threads, ctx_per_slot)
+    p = _spawn(name, args, f"http://127.0.0.1:{port}", child_env(), workdir)
+    wait_until(p, "/health", lambda r: True)
+    p.extra["model"] = gguf_path.name
     return p

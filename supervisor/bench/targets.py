@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -45,22 +45,39 @@ class RunnerTarget:
                 if "error" in item:
                     raise RuntimeError(str(item["error"]))
                 add_chunk(record, time.perf_counter(), len(item.get("tokens", [])))
+                record.text += item.get("content", "")
         record.end_s = time.perf_counter()
 
 
 @dataclass(slots=True)
 class OpenAITarget:
-    """An OpenAI-compatible `/v1/completions` stream (mlx_lm.server, or our supervisor)."""
+    """An OpenAI-compatible `/v1/completions` stream (mlx_lm.server, llama.cpp's llama-server,
+    or our supervisor). `extra` joins every request body (llama.cpp's end-token logit_bias)."""
 
     name: str
     base_url: str
     model: str
+    extra: dict = field(default_factory=dict)
+
+    def body(self, prompt: str, gen_tokens: int, sampling: Sampling, stream: bool) -> dict:
+        # min_p 0 everywhere: llama.cpp's default is 0.05, the others' 0.
+        body = {"model": self.model, "prompt": prompt, "max_tokens": gen_tokens,
+                "temperature": sampling.temperature, "top_p": sampling.top_p,
+                "top_k": sampling.top_k, "min_p": 0.0, **self.extra, "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    async def complete(self, client: httpx.AsyncClient, prompt: str, gen_tokens: int) -> str:
+        """The greedy completion's text, not streamed."""
+        resp = await client.post(self.base_url + "/v1/completions",
+                                 json=self.body(prompt, gen_tokens, Sampling(), stream=False))
+        resp.raise_for_status()
+        return resp.json()["choices"][0]["text"]
 
     async def stream(self, client: httpx.AsyncClient, prompt: str, gen_tokens: int,
                      sampling: Sampling, record: RequestRecord) -> None:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": gen_tokens, "stream": True,
-                "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "top_k": sampling.top_k, "stream_options": {"include_usage": True}}
+        body = self.body(prompt, gen_tokens, sampling, stream=True)
         counted, usage = 0, None
         async with client.stream("POST", self.base_url + "/v1/completions", json=body) as resp:
             resp.raise_for_status()
@@ -78,8 +95,25 @@ class OpenAITarget:
                 if event.get("choices"):
                     add_chunk(record, time.perf_counter(), 1)
                     counted += 1
+                    record.text += event["choices"][0].get("text") or ""
         record.end_s = time.perf_counter()
         if usage is not None and usage > counted:  # several tokens arrived as one event
             add_chunk(record, record.end_s, usage - counted)
         elif usage is not None and usage < counted:  # a final event with no new token
             del record.token_times_s[usage:]
+
+
+async def greedy_agreement(reference: OpenAITarget, other: OpenAITarget, tokenizer,
+                           prompts: list[str], gen_tokens: int) -> dict:
+    """How far `other`'s greedy replies agree with `reference`'s: prompts whose replies are
+    identical, and tokens (of the replies re-encoded) before the first difference."""
+    identical = matched = 0
+    async with httpx.AsyncClient(timeout=120) as client:
+        for prompt in prompts:
+            a = tokenizer.encode(await reference.complete(client, prompt, gen_tokens)).ids
+            b = tokenizer.encode(await other.complete(client, prompt, gen_tokens)).ids
+            same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            identical += a == b
+            matched += same
+    return {"prompts": len(prompts), "identical": identical, "tokens_matched": matched,
+            "tokens": len(prompts) * gen_tokens}

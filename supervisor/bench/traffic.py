@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import random
 import threading
-import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -181,5 +180,76 @@ class RssSampler:
         self._thread.join()
 
 
-def now_s() -> float:
-    return time.perf_counter()
+MIB = 1 << 20
+ROWS = {
+    "mixed": [("output tok/s", "output_tok_s", 1, ""), ("TTFT p50", "ttft_p50_s", 1000, " ms"),
+              ("TTFT p99", "ttft_p99_s", 1000, " ms"), ("ITL p99", "itl_p99_s", 1000, " ms"),
+              ("mean in flight", "mean_in_flight", 1, ""),
+              ("peak RSS", "peak_rss_bytes", 1 / MIB, " MiB"), ("failed", "failed", 1, "")],
+    "long": [("short ITL p50 alone", "short_itl_p50_s_alone", 1000, " ms"),
+             ("short ITL p99 alone", "short_itl_p99_s_alone", 1000, " ms"),
+             ("short ITL p50 with long", "short_itl_p50_s_with_long", 1000, " ms"),
+             ("short ITL p99 with long", "short_itl_p99_s_with_long", 1000, " ms"),
+             ("long TTFT (slowest)", "long_ttft_s", 1000, " ms"),
+             ("peak kv_bytes", "peak_kv_bytes", 1 / MIB, " MiB"),
+             ("peak KV of live tokens", "peak_live_kv_bytes", 1 / MIB, " MiB"),
+             ("peak RSS", "peak_rss_bytes", 1 / MIB, " MiB")],
+}
+ROWS["chat"] = ROWS["mixed"]
+
+
+def _cell(value, scale: float, unit: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value * scale:.1f}{unit}"
+
+
+def scenario_table(name: str, figures: dict[str, dict]) -> str:
+    """A markdown table of one scenario: a column per target (the first is ours) and
+    ours / each other's ratio."""
+    names = list(figures)
+    ours, others = names[0], names[1:]
+    lines = [f"| {name} | {ours} |" + "".join(f" {o} | ratio |" for o in others),
+             "|---" * (2 + 2 * len(others)) + "|"]
+    for label, key, scale, unit in ROWS[name]:
+        mine = figures[ours].get(key)
+        row = f"| {label} | {_cell(mine, scale, unit)} |"
+        for other in others:
+            theirs = figures[other].get(key)
+            ok = isinstance(mine, (int, float)) and isinstance(theirs, (int, float)) and theirs
+            ratio = f"{mine / theirs:.2f}x" if ok and not math.isnan(mine / theirs) else "n/a"
+            row += f" {_cell(theirs, scale, unit)} | {ratio} |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def per_turn_markdown(figures: dict[str, dict]) -> str:
+    """TTFT by turn number, warm and cold medians for every target."""
+    names = list(figures)
+    head = "| turn |" + "".join(f" {n} warm p50 | {n} cold p50 | {n} warm/cold |" for n in names)
+    lines = [head, "|---" * (1 + 3 * len(names)) + "|"]
+    tables = {n: {row["turn"]: row for row in figures[n].get("per_turn", [])} for n in names}
+    for turn in sorted({t for rows in tables.values() for t in rows}):
+        line = f"| {turn} |"
+        for n in names:
+            row = tables[n].get(turn, {})
+            ratio = row.get("warm_over_cold")
+            line += (f" {_cell(row.get('warm_ttft_p50_s'), 1000, ' ms')} |"
+                     f" {_cell(row.get('cold_ttft_p50_s'), 1000, ' ms')} |"
+                     f" {'n/a' if ratio is None else f'{ratio:.2f}'} |")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def report_markdown(results: dict) -> str:
+    parts = [f"scenario scale {results.get('scale')}"]
+    for name in ("mixed", "chat", "long"):
+        if name not in results:
+            continue
+        figures = {k: v for k, v in results[name].items() if isinstance(v, dict)}
+        if not figures:
+            continue
+        parts.append(f"\n{name}\n" + scenario_table(name, figures))
+        if name == "chat":
+            parts.append("\nchat TTFT by turn\n" + per_turn_markdown(figures))
+    return "\n".join(parts)

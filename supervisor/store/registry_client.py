@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 from urllib.parse import urlsplit
@@ -37,6 +38,8 @@ from .names import ModelName
 
 MAX_MANIFEST_BYTES = 4 << 20
 MAX_REPLY_BYTES = 256 << 10
+# Past MLXR_REGISTRY_TIMEOUT, a body slower than this on average fails (a dripping registry).
+MIN_RATE_BYTES_S = 1024
 MAX_REDIRECTS = 10
 CONNECT_TIMEOUT_S = 15.0
 MANIFEST_DEADLINE_FACTOR = 3
@@ -143,9 +146,19 @@ class RegistryClient:
         raise RegistryError(f"registry {self.name.host}: unauthorized")
 
     async def body(self, resp: httpx.Response, what: str) -> AsyncIterator[bytes]:
-        """The bytes of a streaming response; transport failures become RegistryErrors."""
+        """The bytes of a streaming response; transport failures become RegistryErrors. Past
+        `timeout_s`, a body that averages under MIN_RATE_BYTES_S fails too: a registry that
+        sends a byte just before every timeout would otherwise never end."""
+        started, received = time.monotonic(), 0
         try:
             async for chunk in resp.aiter_bytes():
+                received += len(chunk)
+                elapsed = time.monotonic() - started
+                if self.timeout_s and elapsed > self.timeout_s and \
+                        received < MIN_RATE_BYTES_S * elapsed:
+                    raise RegistryError(
+                        f"{what}: the registry {self.name.host} sent only {received} bytes in "
+                        f"{elapsed:.0f}s (less than {MIN_RATE_BYTES_S} bytes a second)")
                 yield chunk
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise self.failure(what, exc) from None

@@ -35,6 +35,7 @@ FAULTS = {
     "short_blob": "blobs end cleanly after half their bytes",
     "redirect_loop": "blob requests redirect to themselves, forever",
     "stall_blob": "blobs send half their bytes, then nothing",
+    "drip_blob": "blobs come one byte per 0.2 s (never a stall, never done)",
     "stall_manifest": "the manifest request is never answered",
     "drip_manifest": "the manifest comes one byte per 0.2 s, forever",
     "huge_manifest": "the manifest declares a Content-Length of 1 TiB",
@@ -218,6 +219,9 @@ class HostileRegistry:
                                       _chain(_chunks(body), _endless(bytes(CHUNK_BYTES))))
         if fault == "short_blob":
             return await self._stream(request, repo, resp, _chunks(body[:len(body) // 2]))
+        if fault == "drip_blob":
+            return await self._stream(request, repo, resp,
+                                      (body[i:i + 1] for i in range(len(body))), delay=0.2)
         if fault == "stall_blob":
             await resp.prepare(request)
             try:
