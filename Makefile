@@ -47,6 +47,15 @@ test-integration: $(STAMP)
 bench: install
 	$(BIN)/mlxr bench --model small --concurrency 1,8,16 --against mlx_lm
 
+# llama.cpp's llama-server, the peer of `mlxr bench --against llamacpp`: built from the
+# llama.cpp vendored in a llama-cpp-python sdist, outside the repository, for this CPU only
+# (GGML_NATIVE). Not part of `make test`. Then: MLXR_LLAMA_SERVER=$(LLAMA_OUT)/build/bin/llama-server
+LLAMA_SDIST ?= $(firstword $(wildcard llama_cpp_python-*.tar.gz))
+LLAMA_OUT ?= $(HOME)/.cache/mlxr/llama.cpp
+llama-server:
+	@test -n "$(LLAMA_SDIST)" || { echo "set LLAMA_SDIST=path/to/llama_cpp_python-X.tar.gz (pip download --no-binary :all: --no-deps llama-cpp-python)"; exit 2; }
+	./scripts/build_llama_server.sh $(LLAMA_SDIST) $(LLAMA_OUT)
+
 # Coverage-guided fuzzing (atheris) of the model-file header parsers: safetensors, GGUF,
 # config.json. Not part of `make test`: each target runs FUZZ_SECONDS, and a finding stops it
 # with its input in build/fuzz/<target>/crash-* (see scripts/fuzz_headers.py).

@@ -200,7 +200,8 @@ async def long_context(s: Served, tokenizer, scale: float, kv_bytes_per_token: i
 
 async def _watch_kv(client, url: str, records, tokens, bytes_per_token: int) -> dict:
     """Samples every 100 ms until cancelled: the peak kv_bytes and the peak live-token KV."""
-    peak = {"peak_kv_bytes": 0, "peak_live_kv_bytes": 0}
+    peak = {"peak_kv_bytes": 0} if url else {}  # mlx_lm.server has no such figure
+    peak["peak_live_kv_bytes"] = 0
     try:
         while True:
             if url:

@@ -91,7 +91,9 @@ class Conversation:
         prompt is in a prefix cache (the same turn sent cold)."""
         parts = [cold_marker] if cold_marker else []
         for t in self.turns[:turn]:
-            parts.append(f"User: {t.question}\nAssistant: {t.reply}\n")
+            # The reply exactly as it followed "Assistant:", so the earlier prompt and
+            # the tokens the model made for it are this prompt's prefix.
+            parts.append(f"User: {t.question}\nAssistant:{t.reply}\n")
         parts.append(f"User: {self.turns[turn].question}\nAssistant:")
         return "".join(parts)
 

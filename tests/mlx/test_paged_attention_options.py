@@ -2,6 +2,7 @@
 design measurement) gives the reference attention, on tiny shapes."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -14,6 +15,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_paged_attentio
 def bench():
     spec = importlib.util.spec_from_file_location("bench_paged_attention", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

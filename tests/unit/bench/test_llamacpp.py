@@ -1,0 +1,104 @@
+"""`mlxr bench --against llamacpp` without the binary: its command line, the end-token bias
+that keeps llama.cpp's replies as long as the others', the request body, and the error that
+says how to build the peer when it is missing."""
+
+import asyncio
+import json
+import stat
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from tokenizers import Tokenizer
+
+from mlxr.shared.assets import write_qwen3_tokenizer
+from mlxr.supervisor.bench import cli, peers
+from mlxr.supervisor.bench.metrics import RequestRecord
+from mlxr.supervisor.bench.targets import OpenAITarget, Sampling
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen3")
+    write_qwen3_tokenizer(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(qwen3_dir):
+    return Tokenizer.from_file(str(qwen3_dir / "tokenizer.json"))
+
+
+def test_command_line_has_slots_continuous_batching_threads_and_context(tmp_path):
+    args = peers.llama_server_args(tmp_path / "llama-server", tmp_path / "m.gguf", port=4321,
+                                   num_parallel=16, threads=2, ctx_per_slot=384)
+    assert args[0] == str(tmp_path / "llama-server")
+    pairs = dict(zip(args[1::], args[2::]))
+    assert pairs["-m"] == str(tmp_path / "m.gguf")
+    assert (pairs["--host"], pairs["--port"]) == ("127.0.0.1", "4321")
+    assert (pairs["-np"], pairs["-t"], pairs["-tb"]) == ("16", "2", "2")
+    assert pairs["-c"] == str(16 * 384)  # llama.cpp splits -c among the slots
+    assert "--cont-batching" in args
+
+
+def test_end_token_bias_covers_every_token_llamacpp_stops_on(tokenizer):
+    bias = peers.end_token_bias(tokenizer)
+    # </s>, <|endoftext|>, <|im_end|>, <|fim_pad|>, <|repo_name|>, <|file_sep|>
+    assert set(bias) == {"128247", "151643", "151645", "151662", "151663", "151664"}
+    assert all(v <= -100 for v in bias.values())
+
+
+def test_requests_send_min_p_zero_and_the_bias_and_count_llamacpp_events():
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.update(json.loads(request.content))
+        events = [{"choices": [{"text": t, "index": 0, "finish_reason": None}]}
+                  for t in ("a", "b", "c")]
+        # llama.cpp's last event of /v1/completions has a choice AND the usage
+        events.append({"choices": [{"text": "", "index": 0, "finish_reason": "length"}],
+                       "usage": {"completion_tokens": 3}})
+        body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    target = OpenAITarget("llama.cpp F32", "http://peer", "m.gguf",
+                          {"logit_bias": {"151662": -100.0}})
+    record = RequestRecord(start_s=0.0)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            await target.stream(client, "hello", 3, Sampling(), record)
+
+    asyncio.run(go())
+    assert seen["min_p"] == 0.0 and seen["temperature"] == 0.0
+    assert seen["logit_bias"] == {"151662": -100.0}
+    assert seen["stream"] is True and seen["max_tokens"] == 3
+    assert len(record.token_times_s) == 3
+
+
+def test_missing_binary_says_how_to_build_it(tmp_path, monkeypatch):
+    with pytest.raises(peers.PeerNotFound, match="build_llama_server.sh.*PERFORMANCE.md"):
+        peers.find_llama_server(str(tmp_path / "nope"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(peers.PeerNotFound, match="not found on PATH.*build_llama_server.sh"):
+        peers.find_llama_server("")
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    assert peers.find_llama_server("") == binary
+    assert peers.find_llama_server(str(binary)) == binary
+
+
+def test_bench_refuses_before_starting_anything(qwen3_dir, tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(cli, "Tokenizer", SimpleNamespace(from_file=lambda path: tokenizer))
+    started = []
+    monkeypatch.setattr(peers, "start_supervisor", lambda *a, **k: started.append(a))
+    argv = ["--model", str(qwen3_dir), "--against", "mlx_lm,llamacpp",
+            "--output", str(tmp_path / "out")]
+    with pytest.raises(SystemExit, match="llama-server not found.*MLXR_LLAMA_SERVER"):
+        cli.main(argv + ["--llama-server", ""])
+    with pytest.raises(SystemExit, match="unknown peers vllm"):
+        cli.main(["--model", str(qwen3_dir), "--against", "vllm",
+                  "--output", str(tmp_path / "out")])
+    assert started == []
