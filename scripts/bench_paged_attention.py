@@ -26,6 +26,7 @@ bytes each option materializes per call (gathered keys and values, masks).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import statistics
@@ -53,6 +54,9 @@ SHAPES = {
     "medium": Shape("medium", 8, 4, 64),
     "qwen3-0.6b": Shape("qwen3-0.6b", 16, 8, 128),
 }
+
+
+SCENARIOS = ("uniform128", "mixed", "skewed")
 
 
 def scenario_lengths(name: str, rows: int, seed: int = 0) -> list[int]:
@@ -92,20 +96,7 @@ def make_batch(shape: Shape, lengths: list[int], block_size: int, query_len: int
     keys = [rng.standard_normal((kvh, n, d), dtype=np.float32) for n in lengths]
     values = [rng.standard_normal((kvh, n, d), dtype=np.float32) for n in lengths]
     queries = rng.standard_normal((len(lengths), shape.heads, query_len, d), dtype=np.float32)
-    num_blocks = sum(-(-n // block_size) for n in lengths)
-    order = rng.permutation(num_blocks)  # a fragmented pool: blocks in no particular order
-    pool_k = np.zeros((num_blocks, kvh, block_size, d), np.float32)
-    pool_v = np.zeros_like(pool_k)
-    tables, used = [], 0
-    for k, v, n in zip(keys, values, lengths):
-        table = [int(b) for b in order[used:used + -(-n // block_size)]]
-        used += len(table)
-        for i, b in enumerate(table):
-            part = slice(i * block_size, min(n, (i + 1) * block_size))
-            width = part.stop - part.start
-            pool_k[b, :, :width] = k[:, part]
-            pool_v[b, :, :width] = v[:, part]
-        tables.append(table)
+    pool_k, pool_v, tables = make_pool(keys, values, block_size, rng)
     rows_k, rows_v = [], []
     for k, v, n in zip(keys, values, lengths):
         capacity = 1 << max(0, (n - 1).bit_length())
@@ -121,12 +112,45 @@ def make_batch(shape: Shape, lengths: list[int], block_size: int, query_len: int
     for r, (k, v, n) in enumerate(zip(keys, values, lengths)):
         padded_k[r, :, longest - n:], padded_v[r, :, longest - n:] = k, v
         mask[r, ..., longest - n:] = True
-    batch = Batch(shape, block_size, list(lengths), mx.array(queries), mx.array(pool_k),
-                  mx.array(pool_v), tables, rows_k, rows_v, mx.array(padded_k),
+    batch = Batch(shape, block_size, list(lengths), mx.array(queries), pool_k,
+                  pool_v, tables, rows_k, rows_v, mx.array(padded_k),
                   mx.array(padded_v), mx.array(mask))
     mx.eval(batch.queries, batch.pool_k, batch.pool_v, batch.rows_k, batch.rows_v,
             batch.padded_k, batch.padded_v, batch.padded_mask)
     return batch
+
+
+def make_pool(keys: list[np.ndarray], values: list[np.ndarray], block_size: int,
+              rng: np.random.Generator) -> tuple[mx.array, mx.array, list[list[int]]]:
+    """A fragmented pool (blocks in no particular order) holding each row's keys and values,
+    and each row's block table."""
+    kvh, d = keys[0].shape[0], keys[0].shape[2]
+    lengths = [k.shape[1] for k in keys]
+    num_blocks = sum(-(-n // block_size) for n in lengths)
+    order = rng.permutation(num_blocks)
+    pool_k = np.zeros((num_blocks, kvh, block_size, d), np.float32)
+    pool_v = np.zeros_like(pool_k)
+    tables, used = [], 0
+    for k, v, n in zip(keys, values, lengths):
+        table = [int(b) for b in order[used:used + -(-n // block_size)]]
+        used += len(table)
+        for i, b in enumerate(table):
+            part = slice(i * block_size, min(n, (i + 1) * block_size))
+            width = part.stop - part.start
+            pool_k[b, :, :width] = k[:, part]
+            pool_v[b, :, :width] = v[:, part]
+        tables.append(table)
+    return mx.array(pool_k), mx.array(pool_v), tables
+
+
+def with_block_size(b: Batch, block_size: int, seed: int = 0) -> Batch:
+    """The same batch with its pool rebuilt at another block size."""
+    keys = [np.array(k[0, :, :n]) for k, n in zip(b.rows_k, b.lengths)]
+    values = [np.array(v[0, :, :n]) for v, n in zip(b.rows_v, b.lengths)]
+    pool_k, pool_v, tables = make_pool(keys, values, block_size, np.random.default_rng(seed))
+    mx.eval(pool_k, pool_v)
+    return dataclasses.replace(b, block_size=block_size, pool_k=pool_k, pool_v=pool_v,
+                               tables=tables)
 
 
 def scale(b: Batch) -> float:
@@ -317,13 +341,12 @@ def mib(n: int) -> str:
 def run_decode(shape: Shape, scenario: str, rows: int, block_sizes: list[int],
                options: list[str], args) -> None:
     lengths = scenario_lengths(scenario, rows)
-    want = None
     results: dict[str, tuple[float, int, int]] = {}
+    first = make_batch(shape, lengths, block_sizes[0])
+    want = reference(first, list(range(rows)))
+    mx.eval(want)
     for bs in block_sizes:
-        b = make_batch(shape, lengths, bs)
-        if want is None:
-            want = reference(b, list(range(rows)))
-            mx.eval(want)
+        b = first if bs == block_sizes[0] else with_block_size(first, bs)
         for option in options:
             if option not in PAGED and bs != block_sizes[0]:
                 continue
@@ -334,7 +357,6 @@ def run_decode(shape: Shape, scenario: str, rows: int, block_sizes: list[int],
                 continue
             ms = timed_ms(lambda: DECODE[option](b), want, key, args.repeats, args.budget)
             results[key] = (ms, made, cache_bytes(option, b))
-        del b
     base = results.get("left-padded", (None,))[0]
     for key, (ms, made, resident) in results.items():
         if ms is None:
@@ -347,13 +369,12 @@ def run_decode(shape: Shape, scenario: str, rows: int, block_sizes: list[int],
 
 def run_prefill(shape: Shape, context: int, chunk: int, block_sizes: list[int],
                 options: list[str], args) -> None:
-    want = None
     results: dict[str, tuple[float, int, int]] = {}
+    first = make_batch(shape, [context], block_sizes[0], query_len=chunk)
+    want = reference(first, [0])
+    mx.eval(want)
     for bs in block_sizes:
-        b = make_batch(shape, [context], bs, query_len=chunk)
-        if want is None:
-            want = reference(b, [0])
-            mx.eval(want)
+        b = first if bs == block_sizes[0] else with_block_size(first, bs)
         for option in options:
             if option not in PAGED and bs != block_sizes[0]:
                 continue
@@ -364,7 +385,6 @@ def run_prefill(shape: Shape, context: int, chunk: int, block_sizes: list[int],
                 continue
             ms = timed_ms(lambda: PREFILL[option](b), want, key, args.repeats, args.budget)
             results[key] = (ms, made, cache_bytes(option, b))
-        del b
     base = results.get("contiguous", (None,))[0]
     for key, (ms, made, resident) in results.items():
         if ms is None:
@@ -400,7 +420,20 @@ def main() -> None:
     args = parser.parse_args()
     mx.set_default_device(mx.cpu)
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
-    block_sizes = [int(x) for x in split(args.block_sizes)]
+    for flag, given, known in (("--shapes", args.shapes, SHAPES),
+                               ("--scenarios", args.scenarios, SCENARIOS),
+                               ("--decode-options", args.decode_options, DECODE),
+                               ("--prefill-options", args.prefill_options, PREFILL)):
+        unknown = [x for x in split(given) if x not in known]
+        if unknown:
+            parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    try:
+        block_sizes = [int(x) for x in split(args.block_sizes)]
+        contexts = [int(x) for x in split(args.prefill_contexts)]
+    except ValueError as e:
+        parser.error(str(e))
+    if not block_sizes or min(block_sizes + contexts + [args.rows, args.chunk]) < 1:
+        parser.error("block sizes, contexts, --rows and --chunk must be positive")
     started = time.perf_counter()
     print(f"mlx {mx.__version__}; LD_PRELOAD: {loaded_library()}; load average at start: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -414,7 +447,7 @@ def main() -> None:
                 run_decode(shape, scenario, args.rows, block_sizes,
                            split(args.decode_options), args)
         if not args.no_prefill:
-            for context in (int(x) for x in split(args.prefill_contexts)):
+            for context in contexts:
                 run_prefill(shape, max(context, args.chunk), args.chunk, block_sizes,
                             split(args.prefill_options), args)
     print(f"all options within {TOLERANCE:g} of the reference; "

@@ -79,20 +79,30 @@ async def warm_up(served: list[Served], tokenizer) -> None:
 
 # -- mixed -----------------------------------------------------------------------------------
 async def mixed_rate(target, tokenizer, scale: float, seed: int = 19) -> tuple[float, float]:
-    """Arrivals a second that keep IN_FLIGHT requests in flight on `target`: the mean service
-    time of IN_FLIGHT of the scenario's requests sent at once, then Little's law."""
-    reqs = traffic.mixed_requests(seed + 1, IN_FLIGHT, scale)
+    """Arrivals a second that keep IN_FLIGHT requests in flight on `target`: IN_FLIGHT
+    workers send 3 x IN_FLIGHT of the scenario's kind of requests back to back; the mean
+    latency of those started after the first IN_FLIGHT (past the start-up burst, where every
+    prompt is prefilled at once) is the service time, then Little's law."""
+    reqs = traffic.mixed_requests(seed + 1, 3 * IN_FLIGHT, scale)
     prompts = [_prompt(tokenizer, r.prompt_tokens, 90_000 + i) for i, r in enumerate(reqs)]
     records = [RequestRecord(0.0) for _ in reqs]
+    queue = list(range(len(reqs)))
+
+    async def worker(client) -> None:
+        while queue:
+            i = queue.pop(0)
+            await _send(target, client, prompts[i], reqs[i].gen_tokens, records[i])
+
     async with _client() as client:
-        await asyncio.gather(*[_send(target, client, p, r.gen_tokens, rec)
-                               for p, r, rec in zip(prompts, reqs, records)])
-    service_s = statistics.mean(r.e2e_s for r in records)
+        await asyncio.gather(*[worker(client) for _ in range(IN_FLIGHT)])
+    steady = [r for r in sorted(records, key=lambda r: r.start_s)[IN_FLIGHT:] if not r.error]
+    service_s = statistics.mean(r.e2e_s for r in steady or records)
     return traffic.rate_for_in_flight(IN_FLIGHT, service_s), service_s
 
 
 async def mixed(s: Served, tokenizer, scale: float, rate_per_s: float, seed: int = 19) -> dict:
-    count = traffic.scaled(96, scale, 24)
+    # Enough requests that most of the run is past the ramp from 0 to IN_FLIGHT requests.
+    count = traffic.scaled(192, scale, 48)
     reqs = traffic.mixed_requests(seed, count, scale)
     arrivals = traffic.poisson_arrivals(random.Random(seed), count, rate_per_s)
     prompts = [_prompt(tokenizer, r.prompt_tokens, 91_000 + i) for i, r in enumerate(reqs)]
@@ -188,6 +198,9 @@ async def long_context(s: Served, tokenizer, scale: float, kv_bytes_per_token: i
                 out[f"short_itl_p99_s_{label}"] = percentile(itls, 99)
                 out[f"short_itl_p50_s_{label}"] = percentile(itls, 50)
                 out[f"failed_{label}"] = sum(1 for r in records if r.error)
+                errors = [r.error for r in records if r.error]
+                if errors:
+                    out[f"first_error_{label}"] = errors[0]
                 if kv is not None:
                     kv.cancel()
                     out.update(await _kv_result(kv))
