@@ -32,7 +32,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import mlx.core as mx
 import numpy as np
@@ -338,61 +338,53 @@ def mib(n: int) -> str:
     return f"{n / 2**20:.1f}"
 
 
-def run_decode(shape: Shape, scenario: str, rows: int, block_sizes: list[int],
-               options: list[str], args) -> None:
-    lengths = scenario_lengths(scenario, rows)
-    results: dict[str, tuple[float, int, int]] = {}
-    first = make_batch(shape, lengths, block_sizes[0])
-    want = reference(first, list(range(rows)))
-    mx.eval(want)
+def measure(table: dict, first: Any, want: mx.array, query_len: int,
+            block_sizes: list[int], options: list[str], args) -> dict[str, tuple]:
+    """Time each option of `table` on `first` (re-blocked for each block size where the option
+    reads the pool): key -> (ms or None when skipped, bytes materialized, cache bytes)."""
+    results: dict[str, tuple[float | None, int, int]] = {}
     for bs in block_sizes:
         b = first if bs == block_sizes[0] else with_block_size(first, bs)
         for option in options:
             if option not in PAGED and bs != block_sizes[0]:
                 continue
             key = option if option not in PAGED else f"{option} bs={bs}"
-            made = materialized_bytes(option, b, 1)
+            made = materialized_bytes(option, b, query_len)
             if made > args.max_gather_mib * 2**20:
                 results[key] = (None, made, cache_bytes(option, b))
                 continue
-            ms = timed_ms(lambda: DECODE[option](b), want, key, args.repeats, args.budget)
+            ms = timed_ms(lambda: table[option](b), want, key, args.repeats, args.budget)
             results[key] = (ms, made, cache_bytes(option, b))
-    base = results.get("left-padded", (None,))[0]
+    return results
+
+
+def print_rows(kind: str, shape: Shape, case: str, results: dict, base_key: str) -> None:
+    base = results.get(base_key, (None,))[0]
     for key, (ms, made, resident) in results.items():
         if ms is None:
-            ms_text, rel = f"skipped (over --max-gather-mib)", ""
+            ms_text, rel = "skipped (over --max-gather-mib)", ""
         else:
             ms_text, rel = f"{ms:.3f}", (f"{ms / base:.2f}x" if base else "")
-        print(f"| decode | {shape.name} | {scenario} | {key} | {ms_text} | {rel} | "
+        print(f"| {kind} | {shape.name} | {case} | {key} | {ms_text} | {rel} | "
               f"{mib(made)} | {mib(resident)} |", flush=True)
+
+
+def run_decode(shape: Shape, scenario: str, rows: int, block_sizes: list[int],
+               options: list[str], args) -> None:
+    first = make_batch(shape, scenario_lengths(scenario, rows), block_sizes[0])
+    want = reference(first, list(range(rows)))
+    mx.eval(want)
+    results = measure(DECODE, first, want, 1, block_sizes, options, args)
+    print_rows("decode", shape, scenario, results, "left-padded")
 
 
 def run_prefill(shape: Shape, context: int, chunk: int, block_sizes: list[int],
                 options: list[str], args) -> None:
-    results: dict[str, tuple[float, int, int]] = {}
     first = make_batch(shape, [context], block_sizes[0], query_len=chunk)
     want = reference(first, [0])
     mx.eval(want)
-    for bs in block_sizes:
-        b = first if bs == block_sizes[0] else with_block_size(first, bs)
-        for option in options:
-            if option not in PAGED and bs != block_sizes[0]:
-                continue
-            key = option if option not in PAGED else f"{option} bs={bs}"
-            made = materialized_bytes(option, b, chunk)
-            if made > args.max_gather_mib * 2**20:
-                results[key] = (None, made, cache_bytes(option, b))
-                continue
-            ms = timed_ms(lambda: PREFILL[option](b), want, key, args.repeats, args.budget)
-            results[key] = (ms, made, cache_bytes(option, b))
-    base = results.get("contiguous", (None,))[0]
-    for key, (ms, made, resident) in results.items():
-        if ms is None:
-            ms_text, rel = f"skipped (over --max-gather-mib)", ""
-        else:
-            ms_text, rel = f"{ms:.3f}", (f"{ms / base:.2f}x" if base else "")
-        print(f"| prefill {chunk} | {shape.name} | ctx {context} | {key} | {ms_text} | {rel} | "
-              f"{mib(made)} | {mib(resident)} |", flush=True)
+    results = measure(PREFILL, first, want, chunk, block_sizes, options, args)
+    print_rows(f"prefill {chunk}", shape, f"ctx {context}", results, "contiguous")
 
 
 def loaded_library() -> str:
