@@ -7,6 +7,7 @@ JSON argument) and what `python -m mlxr.runner` builds from its flags.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -88,6 +89,17 @@ def parse_socket(value: str) -> Path | None:
     if not path:
         raise ValueError(f"invalid unix socket address {value!r}: no path")
     return Path(path).expanduser()
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a listen address is a loopback one ("localhost" or a loopback IP)."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _parse_bytes(text: str) -> int:

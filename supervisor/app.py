@@ -22,14 +22,14 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from mlxr.shared.config import Settings
+from mlxr.shared.config import Settings, is_loopback_host
 from mlxr.shared.errors import ServerBusy
 from mlxr.supervisor.api import metrics as metrics_api
 from mlxr.supervisor.api import anthropic, ollama, openai
 from mlxr.supervisor.api import store as store_api
 from mlxr.supervisor.api.keys import METRICS, SERVICE, STORE, VERSION
 from mlxr.supervisor.api.middleware import (Cors, Drain, HostCheck, error_middleware,
-                                            is_loopback_host, make_api_key_middleware)
+                                            make_api_key_middleware)
 from mlxr.supervisor.api.responses import create_response
 from mlxr.supervisor.inference.service import Service
 from mlxr.supervisor.metrics import Metrics

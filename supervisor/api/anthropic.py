@@ -209,7 +209,7 @@ async def _events(service: Any, call: MessagesCall, completion: Completion,
     message_start carries the prompt's token count, as Anthropic's does (the runner's
     tokenizer counts it; the final counts come in message_delta)."""
     if call.stream:
-        builder.usage["input_tokens"] = await service.count_tokens(call.chat)
+        builder.usage["input_tokens"] = await completion.prompt_tokens()
     for event in builder.start():
         yield event
     final = None

@@ -154,17 +154,6 @@ PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
     "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"))
 
 
-def is_loopback_host(host: str) -> bool:
-    """Whether a listen address is a loopback one ("localhost" or a loopback IP)."""
-    name = host.strip().strip("[]").lower()
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
 def host_name(header: str) -> str:
     """The name in a Host header, without its port or an IPv6 address's brackets."""
     header = header.strip()

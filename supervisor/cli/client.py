@@ -8,13 +8,14 @@ began). Closing a stream early (Ctrl-C) closes the connection, which cancels the
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
 import httpx
+
+from mlxr.shared.config import is_loopback_host
 
 CHUNK_BYTES = 1 << 20
 CONNECT_TIMEOUT_S = 5.0
@@ -38,16 +39,6 @@ class ServerError(CliError):
     def __init__(self, message: str, status: int = 0):
         super().__init__(message)
         self.status = status
-
-
-def _is_loopback(base_url: str) -> bool:
-    host = urlsplit(base_url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _error_of(resp: httpx.Response) -> ServerError:
@@ -85,7 +76,8 @@ class ApiClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # No read timeout: loading a model or a long reply may take minutes. Proxies from the
         # environment are for remote servers; a loopback server is reached directly.
-        self._http = httpx.Client(base_url=self.base_url, trust_env=not _is_loopback(base_url),
+        local = is_loopback_host(urlsplit(base_url).hostname or "")
+        self._http = httpx.Client(base_url=self.base_url, trust_env=not local,
                                   timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
                                   headers=headers, transport=transport)
 

@@ -219,7 +219,11 @@ class Service:
 
         events = self._events(lease, stream, p.parser, started, p.want_context,
                               _load_ns(started, loaded))
-        return Completion(model, events, cleanup)
+        async def count_prompt() -> int:
+            ids = await lease.runner.tokenize(p.prompt, p.add_special and not p.context)
+            return len(p.context) + len(ids)
+
+        return Completion(model, events, cleanup, count_prompt)
 
     async def _events(self, lease: Lease, stream: Any, parser: OutputParser,
                       started: float, want_context: bool,

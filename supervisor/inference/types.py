@@ -105,10 +105,19 @@ class Completion:
     that frees the runner slot even if the events were never read."""
 
     def __init__(self, model: str, events: AsyncIterator[Delta | Final],
-                 cleanup: Callable[[], Awaitable[None]] | None = None):
+                 cleanup: Callable[[], Awaitable[None]] | None = None,
+                 count_prompt: Callable[[], Awaitable[int]] | None = None):
         self.model = model
         self._events = events
         self._cleanup = cleanup
+        self._count_prompt = count_prompt
+
+    async def prompt_tokens(self) -> int:
+        """The prompt's token count before any event is read (the runner's tokenizer, on the
+        runner this request holds); what the Final's prompt_eval_count will say."""
+        if self._count_prompt is None:
+            raise RuntimeError("this completion cannot count its prompt")
+        return await self._count_prompt()
 
     def __aiter__(self) -> AsyncIterator[Delta | Final]:
         return self._events

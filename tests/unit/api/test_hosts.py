@@ -15,7 +15,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from mlxr.shared.config import Settings
 from mlxr.shared.runner_auth import TokenCheck, read_token_line, token_from_file
-from mlxr.supervisor.api.middleware import HostCheck, host_name, is_loopback_host
+from mlxr.shared.config import is_loopback_host
+from mlxr.supervisor.api.middleware import HostCheck, host_name
 from mlxr.supervisor.app import bind_unix_socket, make_app
 
 CHECK = HostCheck(hostname="Studio-Mac", addresses={"192.0.2.7", "2001:db8::7"})
