@@ -60,6 +60,7 @@ class Engine:
         self.outputs: Outputs | None = None
         self.memory_bytes = 0
         self.kv_bytes = 0
+        self.pool_figures: dict[str, Any] = {}  # RunnerStatus's kv_block* fields
         self.blas = loaded_blas()
 
     # -- called from other threads ------------------------------------------------------
@@ -98,7 +99,8 @@ class Engine:
             progress=self.progress,
             context_length=min(self.config.context_length, loaded.max_context) if loaded else 0,
             memory=self.memory_bytes if loaded else 0,
-            kv_bytes=self.kv_bytes, active=sched.num_active if sched else 0,
+            kv_bytes=self.kv_bytes, **self.pool_figures,
+            active=sched.num_active if sched else 0,
             waiting=sched.num_waiting if sched else 0, error=self.error,
             error_kind=self.error_kind,
             capabilities=loaded.capabilities if loaded else [],
@@ -202,7 +204,13 @@ class Engine:
         for seq in plan.release:
             if seq.is_finished:
                 seq.sampler = None  # its MLX arrays are freed here, not where the request ends
-        self.kv_bytes = model_step.kv_bytes() + self.loaded.prefix_cache.nbytes
+        self.kv_bytes = model_step.kv_bytes()
+        pool = self.scheduler.pool
+        self.pool_figures = {
+            "kv_block_size": pool.block_size, "kv_blocks_total": pool.num_blocks,
+            "kv_blocks_used": pool.used_blocks, "kv_blocks_cached": pool.cached_blocks,
+            "prefix_hit_rate": pool.hits / pool.queried if pool.queried else 0.0,
+            "preemptions": self.scheduler.num_preempted}
         self._read_memory()
         batch = self.outputs.chunks(touched, result)
         if batch:

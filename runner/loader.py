@@ -24,7 +24,7 @@ import psutil
 
 from mlxr.shared.config import RunnerConfig
 from mlxr.shared.model_checks import check_model_dir
-from mlxr.runner.prefix_cache import PrefixCache
+from mlxr.runner.kv.pool import BLOCK_SIZE, KVPool
 from mlxr.runner.request import Sequence
 from mlxr.runner.scheduler import Scheduler, SchedulerConfig
 from mlxr.runner.text_stream import fast_decode
@@ -48,7 +48,6 @@ class LoadedModel:
     # A language model's machinery; None for an encoder, which the engine serves through
     # Engine.call only.
     model_step: ModelStep | None = None
-    prefix_cache: PrefixCache | None = None
 
 
 def load_model(config: RunnerConfig, blas: str,
@@ -76,10 +75,12 @@ def load_model(config: RunnerConfig, blas: str,
     on_progress(0.9)
     max_context = int(model_config.get("max_position_embeddings")
                       or getattr(tokenizer, "model_max_length", 0) or 1 << 20)
-    prefix_cache = PrefixCache(max_bytes=config.prefix_cache_bytes)
     token_text = fast_decode(tokenizer, skip_special=False)
-    step = ModelStep(model, prefix_cache, lambda token: token_text([token]))
+    step = ModelStep(model, config.prefix_cache_bytes, lambda token: token_text([token]),
+                     rows=config.kv_layout == "rows")
     log.info("blas: %s", blas)
+    log.info("kv cache: %s", "rows over the block pool" if step.uses_rows
+             else "padded batch (this architecture does not fit the rows)")
     log.info("decode head: %s", "BLAS matrix-vector products for 1-2 rows"
              if step.host_head is not None else "MLX")
     bytes_per_token = _kv_bytes_per_token(model)
@@ -87,23 +88,26 @@ def load_model(config: RunnerConfig, blas: str,
     embedder = None if step.split.body is None else LMEmbedder.make(
         model, step.split.body, tokenizer, min(config.context_length, max_context), vocab_size)
     return LoadedModel(model, tokenizer, max_context, bytes_per_token, vocab_size,
-                       embedder=embedder, model_step=step, prefix_cache=prefix_cache)
+                       embedder=embedder, model_step=step)
 
 
 def make_scheduler(config: RunnerConfig, loaded: LoadedModel,
                    stop_matched: Callable[[Sequence], bool]) -> Scheduler:
-    """The scheduler for `loaded`, its KV budget from the config or half the free memory."""
+    """The scheduler for `loaded`, its block pool sized from the config's KV budget or half
+    the free memory."""
     if loaded.model_step is None:
         # Never fed: the server refuses completions for an embedding-only model.
-        return Scheduler(SchedulerConfig(), admit=lambda seq: 0, eos_token_ids=set())
+        return Scheduler(SchedulerConfig(), KVPool(1), admit=lambda seq, adm: 0,
+                         eos_token_ids=set())
     budget_bytes = config.kv_cache_bytes or int(psutil.virtual_memory().available * 0.5)
+    num_blocks = max(budget_bytes // (max(loaded.bytes_per_token, 1) * BLOCK_SIZE), 1)
+    pool = loaded.model_step.make_pool(num_blocks, BLOCK_SIZE)
     return Scheduler(
         SchedulerConfig(max_running=config.num_parallel,
                         prefill_chunk=config.prefill_chunk,
-                        step_token_budget=config.step_token_budget,
-                        kv_token_budget=max(budget_bytes // max(loaded.bytes_per_token, 1), 1)),
-        admit=loaded.model_step.admit, eos_token_ids=set(loaded.tokenizer.eos_token_ids),
-        stop_matched=stop_matched)
+                        step_token_budget=config.step_token_budget),
+        pool, admit=loaded.model_step.admit,
+        eos_token_ids=set(loaded.tokenizer.eos_token_ids), stop_matched=stop_matched)
 
 
 def _kv_bytes_per_token(model) -> int:

@@ -2,18 +2,15 @@
 prefill chunk. All MLX work happens here, on the engine thread.
 
 Invariants:
-- `self.rows[i]` is the sequence in row i of every layer's batch cache, and equals the
-  scheduler's `running` list (both append on prefill completion and drop on release).
-- A prefilling sequence has its own single-sequence cache in `self.prefills` until its last
-  chunk runs; then that cache is merged into the batch cache.
-- The prefix cache receives a sequence's KV state when its prompt is done and when it leaves
-  the batch, for exactly the tokens that state covers (runner/cache_state.py: sliding-window
-  layers keep their last positions only, and serve the prefixes they still cover).
+- The cache backend (`self.kv`: runner/kv/rows.py's RowBatch over the block pool, or
+  runner/kv/padded.py's PaddedBatch where the rows do not fit the model) keeps `kv.rows`
+  equal to the scheduler's `running` list: a sequence joins when its last prefill chunk ran
+  and leaves when the plan releases it.
 - Decode runs one step ahead when it can: after a pure decode step, the next step's forward
   pass is queued on the device (from the still-lazy sampled tokens) before the host reads this
-  step's tokens, so host work overlaps device work. The step ahead has already appended one
-  position to the batch cache: it is always either consumed (for the rows still running) or
-  trimmed away, never recomputed on top.
+  step's tokens, so host work overlaps device work. The step ahead has already written one
+  position of every row: it is always either consumed (for the rows still running) or
+  taken back (`kv.untake`), never recomputed on top.
 """
 
 from __future__ import annotations
@@ -23,14 +20,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
-from mlxr.runner import cache_state
 from mlxr.runner.architectures import logit_transform
-from mlxr.runner.batch_cache import append_row
 from mlxr.runner.host_head import MAX_ROWS as HOST_HEAD_MAX_ROWS, HostHead
+from mlxr.runner.kv import rows as kv_rows
+from mlxr.runner.kv.padded import PaddedBatch
+from mlxr.runner.kv.pool import KVPool
+from mlxr.runner.kv.prefix_cache import PrefixCache
 from mlxr.runner.transposed_head import TransposedHead
-from mlxr.runner.prefix_cache import PrefixCache
 from mlxr.runner.request import Sequence
 from mlxr.runner.sampling import SampleOutput, sample
 from mlxr.runner.scheduler import StepPlan, StepResult
@@ -82,7 +80,9 @@ class _Ahead:
 
 
 class ModelStep:
-    def __init__(self, model, prefix_cache: PrefixCache | None, detok_top):
+    def __init__(self, model, prefix_cache_bytes: int, detok_top, rows: bool = True):
+        """`rows`: use the block pool's rows where the model fits them (False: always the
+        padded batch, for comparisons)."""
         self.model = model
         self.split = split_model(model)
         self.host_head = HostHead.find(model, self.split.head) if self.split.body else None
@@ -90,82 +90,44 @@ class ModelStep:
         # weight where that is faster on this CPU.
         self.device_head = self.split.head and (
             TransposedHead.find(model, self.split.head) or self.split.head)
-        self.prefix_cache = prefix_cache
         self._detok_top = detok_top  # token id -> text, for top_logprobs
-        self.rows: list[Sequence] = []
-        self.batch: list[Any] | None = None
-        self.prefills: dict[int, list[Any]] = {}
+        self._prefix_cache_bytes = prefix_cache_bytes
+        self.num_layers = len(make_prompt_cache(model))
+        self.uses_rows = rows and kv_rows.probe(model, self.num_layers)
+        self.kv = None
         self._ahead: _Ahead | None = None
-        self.supports_prefix = all(cache_state.cacheable(c) for c in make_prompt_cache(model))
+
+    def make_pool(self, num_blocks: int, block_size: int) -> KVPool:
+        """The block pool the scheduler accounts with, and this step's cache over it."""
+        pool = KVPool(num_blocks, block_size, share=self.uses_rows)
+        if self.uses_rows:
+            self.kv = kv_rows.RowBatch(self.num_layers, pool)
+        else:
+            self.kv = PaddedBatch(self.model, PrefixCache(max_bytes=self._prefix_cache_bytes))
+        return pool
+
+    @property
+    def rows(self) -> list[Sequence]:
+        return self.kv.rows
 
     # -- cache bookkeeping -------------------------------------------------------------
-    def admit(self, seq: Sequence) -> int:
-        """Give a newly admitted sequence its cache, seeded from the longest cached prefix."""
-        caches = make_prompt_cache(self.model)
-        reused = 0
-        if self.prefix_cache is not None and self.supports_prefix:
-            hit = self.prefix_cache.lookup(seq.all_tokens)
-            if hit is not None and all(cache_state.restorable(c, state, hit.length)
-                                       for c, state in zip(caches, hit.entry.payload)):
-                reused = hit.length
-                for cache, state in zip(caches, hit.entry.payload):
-                    cache_state.restore(cache, state, reused)
-        self.prefills[seq.seq_id] = caches
-        return reused
+    def admit(self, seq: Sequence, admission) -> int:
+        """Give a newly admitted sequence its cache; returns the positions already computed
+        (a prefix found in the cache)."""
+        return self.kv.admit(seq, admission)
 
     def release(self, seqs: list[Sequence]) -> None:
-        drop: list[int] = []
-        for seq in seqs:
-            if seq.seq_id in self.prefills:
-                del self.prefills[seq.seq_id]
-                continue
-            index = next((i for i, s in enumerate(self.rows) if s is seq), None)
-            if index is None:
-                continue
-            if self.supports_prefix and self.prefix_cache is not None and self.batch:
-                self._store([c.extract(index) for c in self.batch], seq)
-            drop.append(index)
-        if not drop:
-            return
-        keep = [i for i in range(len(self.rows)) if i not in set(drop)]
-        self.rows = [self.rows[i] for i in keep]
-        if not keep:
-            self.batch, self._ahead = None, None
-        else:
-            for cache in self.batch:
-                cache.filter(mx.array(keep, dtype=mx.int32))
+        self.kv.release(seqs)
+        if not self.kv.rows:
+            self._ahead = None
 
     def reset(self) -> None:
         """Forget all state after a failed step (e.g. out of memory)."""
-        self.rows, self.batch, self.prefills, self._ahead = [], None, {}, None
+        self.kv.reset()
+        self._ahead = None
 
     def kv_bytes(self) -> int:
-        total = sum(c.nbytes for c in self.batch) if self.batch else 0
-        total += sum(c.nbytes for caches in self.prefills.values() for c in caches)
-        return total
-
-    def _store(self, caches: list[Any], seq: Sequence) -> None:
-        length = seq.num_computed
-        if length <= 0:
-            return
-        payload = [cache_state.take(c, length) for c in caches]
-        mx.eval([(state.keys, state.values) for state in payload])
-        nbytes = sum(state.nbytes for state in payload)
-        self.prefix_cache.store(seq.all_tokens[:length], payload, nbytes)
-
-    def _merge(self, seq: Sequence) -> None:
-        caches = self.prefills.pop(seq.seq_id)
-        if self.supports_prefix and self.prefix_cache is not None:
-            self._store(caches, seq)
-        if self.batch is None:
-            self.batch = [type(c).merge([c]) for c in caches]
-        else:
-            for batch, new in zip(self.batch, caches):
-                if isinstance(batch, BatchKVCache) and type(new) is KVCache:
-                    append_row(batch, new)
-                else:
-                    batch.extend(type(new).merge([new]))
-        self.rows.append(seq)
+        return self.kv.kv_bytes()
 
     # -- compute ------------------------------------------------------------------------
     def run(self, plan: StepPlan) -> StepResult:
@@ -181,11 +143,9 @@ class ModelStep:
                 self._run_ahead(out)
         elif self._ahead is not None:
             self._drop_ahead()
-        touched: list[Any] = []
         for chunk in plan.prefills:
             seq = chunk.seq
-            caches = self.prefills[seq.seq_id]
-            touched += caches
+            caches = self.kv.prefill_cache(seq)
             inputs = mx.array([seq.all_tokens[chunk.start:chunk.end]], dtype=mx.int32)
             if chunk.is_last:
                 outputs.append(([seq], self._sample(self._logits(inputs, caches), [seq])))
@@ -193,14 +153,16 @@ class ModelStep:
                 self.split.body(inputs, cache=caches)
             else:
                 self.model(inputs, cache=caches)
-        mx.eval(_cache_arrays(touched) + [o.tokens for _, o in outputs])
+            self.kv.advance([seq], chunk.end - chunk.start)
+        chunk_seqs = [c.seq for c in plan.prefills]
+        mx.eval(self.kv.arrays(chunk_seqs) + [o.tokens for _, o in outputs])
         for seqs, out in outputs:
             self._collect(seqs, out, result)
         merged = [chunk.seq for chunk in plan.prefills if chunk.is_last]
         for seq in merged:
-            self._merge(seq)
+            self.kv.join(seq)
         if merged:  # in this step, so the next decode step is not held up by the copies
-            mx.eval(_cache_arrays(self.batch))
+            mx.eval(self.kv.arrays(merged))
         return result
 
     def _decode(self) -> SampleOutput:
@@ -215,7 +177,8 @@ class ModelStep:
                     _select(ahead.out, pick)
             self._drop_ahead()
         inputs = mx.array([[s.output_tokens[-1]] for s in self.rows], dtype=mx.int32)
-        logits = self._logits(inputs, self.batch)
+        logits = self._logits(inputs, self.kv.decode_cache())
+        self.kv.advance(self.rows, 1)
         self._prepare_hooks(logits, self.rows)
         return self._sample(logits, self.rows)
 
@@ -225,9 +188,10 @@ class ModelStep:
         head runs on the device (the host head needs the hidden states first)."""
         if any(s.sampler.needs_processing for s in self.rows) or \
                 self._host_head_for(len(self.rows)) or \
-                not all(c.is_trimmable() for c in self.batch):
+                not self.kv.can_run_ahead():
             return
-        nxt = self._sample(self._logits(out.tokens[:, None], self.batch), self.rows)
+        nxt = self._sample(self._logits(out.tokens[:, None], self.kv.decode_cache()), self.rows)
+        self.kv.advance(self.rows, 1)
         mx.async_eval([a for a in (nxt.tokens, nxt.logprobs, nxt.top_ids, nxt.top_logprobs)
                        if a is not None])
         self._ahead = _Ahead(list(self.rows), nxt)
@@ -247,9 +211,7 @@ class ModelStep:
     def _drop_ahead(self) -> None:
         """Undo the position the step ahead appended to the batch cache."""
         self._ahead = None
-        if self.batch:
-            for cache in self.batch:
-                cache.trim(1)
+        self.kv.untake()
 
     @staticmethod
     def _prepare_hooks(logits: mx.array, seqs: list[Sequence]) -> None:
@@ -290,6 +252,3 @@ def _select(out: SampleOutput, rows: list[int]) -> SampleOutput:
     return SampleOutput(out.tokens[idx], pick(out.logprobs), pick(out.top_ids),
                         pick(out.top_logprobs))
 
-
-def _cache_arrays(caches: list[Any]) -> list[mx.array]:
-    return [a for c in caches for a in c.state if isinstance(a, mx.array)]

@@ -14,10 +14,15 @@ Invariants:
   decode-step times to a step (from measured step times), so running streams see their
   inter-token interval grow by at most that factor. Short prompts are not throttled: getting
   them into the batch at once is what keeps throughput and time to first token up.
-- KV tokens held (running + prefilling) stay within `kv_token_budget`: admission waits, and a
-  running sequence that cannot grow preempts the newest one, which is requeued for recompute.
-  A sequence alone that reaches the budget ends with an InsufficientMemory error (the server
-  refuses a prompt that cannot fit at all before it streams: `fits`).
+- KV blocks are accounted by the pool (runner/kv/pool.py): a sequence in flight holds a
+  table there from admission until it is released. Admission waits for free blocks; before
+  each step every running sequence reserves the position it writes, and one that cannot
+  preempts the newest running one (then prefilling ones), which is released and requeued for
+  recompute (its computed blocks stay cached, so recompute is mostly a prefix hit). A sequence
+  alone that cannot grow ends with an InsufficientMemory error (the server refuses a prompt
+  that cannot fit at all before it streams: `fits`).
+- After each prefill chunk the pool registers the sequence's full blocks, so a prompt that
+  arrives while another with the same prefix is still being read already shares it.
 - After a step that failed (out of memory on a GPU), `recover` fails only the sequences that
   step was growing (its prefills, else the newest running one) and requeues the others to
   compute their context again, since the model step lost every cache.
@@ -39,6 +44,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from mlxr.runner.kv.pool import Admission, KVPool
 from mlxr.runner.request import Sequence, SeqStatus
 from mlxr.shared.errors import InsufficientMemory
 from mlxr.runner.step_timer import StepTimer
@@ -83,19 +89,19 @@ class SchedulerConfig:
     prefill_chunk: int = 512
     min_prefill_chunk: int = 16
     step_token_budget: int = 2048
-    kv_token_budget: int = 1 << 20
     stall_factor: float = 0.75
     long_prompt_tokens: int = 512
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, admit: Callable[[Sequence], int],
-                 eos_token_ids: set[int],
+    def __init__(self, config: SchedulerConfig, pool: KVPool,
+                 admit: Callable[[Sequence, Admission], int], eos_token_ids: set[int],
                  stop_matched: Callable[[Sequence], bool] = lambda seq: False):
-        """`admit(seq)` prepares a sequence's cache (prefix-cache lookup) and returns how many of
-        its tokens are already computed. `stop_matched(seq)` is the text side's verdict: True
-        once a stop string appears in the text of `seq.output_tokens`."""
+        """`admit(seq, admission)` prepares a sequence's cache where the pool placed it and
+        returns how many of its tokens are already computed. `stop_matched(seq)` is the text
+        side's verdict: True once a stop string appears in the text of `seq.output_tokens`."""
         self.config = config
+        self.pool = pool
         self._admit_fn = admit
         self._eos = eos_token_ids
         self._stop_matched = stop_matched
@@ -104,6 +110,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._release: list[Sequence] = []
         self.timer = StepTimer()
+        self.num_preempted = 0  # sequences requeued for want of blocks, since the start
 
     # -- intake ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -114,18 +121,20 @@ class Scheduler:
 
     def fits(self, num_prompt: int) -> bool:
         """Can a prompt of this many tokens (and its first output token) ever be held?"""
-        return num_prompt + 1 <= self.config.kv_token_budget
+        return self.pool.fits(num_prompt + 1)
 
     def out_of_memory(self, num_tokens: int) -> InsufficientMemory:
+        capacity = self.pool.num_blocks * self.pool.block_size
         return InsufficientMemory(
             f"out of memory: {num_tokens} tokens do not fit in this runner's KV cache, which "
-            f"holds {self.config.kv_token_budget} tokens; use a shorter prompt, a smaller "
-            "num_ctx or num_predict, or give the server more memory")
+            f"holds {capacity} tokens; use a shorter prompt, a smaller num_ctx or num_predict, "
+            "or give the server more memory")
 
     def recover(self, plan: StepPlan, error: Exception) -> list[Sequence]:
         """After `plan` failed and the model step lost its caches: fail what it was growing,
         requeue the rest of the batch; returns the failed sequences."""
         grown = [c.seq for c in plan.prefills] or self.running[-1:]
+        self.pool.reset()  # the arrays are gone: nothing cached is left to share
         failed = self.abort(grown, InsufficientMemory(f"out of memory: {error}")
                             if _is_oom(error) else f"inference failed: {error}")
         for seq in self.prefilling + self.running:
@@ -156,6 +165,7 @@ class Scheduler:
             return
         seq.status = status
         seq.error = error
+        self.pool.release(seq.seq_id, seq.all_tokens, seq.num_computed)
         if seq in self.waiting:
             self.waiting.remove(seq)
         elif seq in self.prefilling:
@@ -187,7 +197,7 @@ class Scheduler:
         allowance = self._prefill_allowance(len(plan.decode), throttle)
         requeued = preempted or any(s.status is SeqStatus.PREEMPTED for s in plan.release)
         if not requeued:
-            self._admit(allowance)
+            self._admit(allowance, plan.failed)
         for seq in self.prefilling:
             if allowance <= 0:
                 break
@@ -215,34 +225,32 @@ class Scheduler:
         for seq in [s for s in self.unfinished if s.cancelled]:
             self._finish(seq, SeqStatus.FINISHED_CANCELLED)
 
-    def _kv_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.running) + \
-            sum(s.num_tokens for s in self.prefilling)
-
     def _preempt_if_needed(self, failed: list[Sequence]) -> bool:
-        """Each running sequence grows by one token this step: make room by requeueing the
-        newest running ones, then the prefilling ones; a sequence alone that cannot grow
-        fails (into `failed`)."""
-        def over() -> bool:  # a prefilling sequence may finish its prompt and take a token too
-            growth = len(self.running) + len(self.prefilling)
-            return self._kv_tokens() + growth > self.config.kv_token_budget
-
+        """Each running sequence writes one more position this step: reserve it, oldest
+        first. When the pool is out of blocks, requeue the newest running sequence, then the
+        prefilling ones; a sequence alone that cannot grow fails (into `failed`)."""
         preempted = False
-        while len(self.running) > 1 and over():
-            self._requeue(self.running[-1])  # the newest
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            if self.pool.reserve(seq.seq_id, seq.num_tokens):
+                i += 1
+                continue
             preempted = True
-        while self.prefilling and self.running and over():
-            self._requeue(self.prefilling[-1])
-            preempted = True
-        if len(self.running) == 1 and over():
-            seq = self.running[0]
-            self._finish(seq, SeqStatus.FINISHED_ERROR, self.out_of_memory(seq.num_tokens + 1))
-            failed.append(seq)
+            self.num_preempted += 1
+            if len(self.running) > 1:
+                self._requeue(self.running[-1])  # the newest (perhaps `seq` itself)
+            elif self.prefilling:
+                self._requeue(self.prefilling[-1])
+            else:
+                self._finish(seq, SeqStatus.FINISHED_ERROR, self.out_of_memory(seq.num_tokens))
+                failed.append(seq)
         return preempted
 
     def _requeue(self, seq: Sequence) -> None:
         """Take a running or prefilling sequence out to compute its context again."""
         (self.running if seq in self.running else self.prefilling).remove(seq)
+        self.pool.release(seq.seq_id, seq.all_tokens, seq.num_computed)
         seq.status = SeqStatus.PREEMPTED
         seq.num_computed = 0
         self._release.append(seq)
@@ -257,16 +265,21 @@ class Scheduler:
         self._requeue(seq)
         return True
 
-    def _admit(self, allowance: int) -> None:
+    def _admit(self, allowance: int, failed: list[Sequence]) -> None:
         pending = sum(s.num_tokens - s.num_computed for s in self.prefilling)
         while self.waiting and pending < allowance and \
                 self.num_active < self.config.max_running:
             seq = self.waiting[0]
-            if self.num_active and self._kv_tokens() + seq.num_tokens + 1 + \
-                    self.num_active > self.config.kv_token_budget:
+            admission = self.pool.admit(seq.seq_id, seq.all_tokens, seq.num_tokens)
+            if admission is None:
+                if not self.num_active:  # it would not fit even alone: it grew too long
+                    self._finish(seq, SeqStatus.FINISHED_ERROR,
+                                 self.out_of_memory(seq.num_tokens))
+                    failed.append(seq)
+                    continue
                 return
             self.waiting.popleft()
-            seq.num_computed = self._admit_fn(seq)
+            seq.num_computed = self._admit_fn(seq, admission)
             assert 0 <= seq.num_computed < seq.num_tokens, "a prefix hit must leave a token"
             seq.num_cached = seq.num_computed
             seq.status = SeqStatus.PREFILLING
@@ -298,6 +311,7 @@ class Scheduler:
             if seq.is_finished or seq not in self.prefilling:
                 continue
             seq.num_computed = chunk.end
+            self.pool.commit(seq.seq_id, seq.all_tokens, chunk.end)
             if chunk.is_last:
                 self.prefilling.remove(seq)
                 seq.status = SeqStatus.RUNNING

@@ -102,6 +102,12 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+def _parse_kv_layout(text: str) -> str:
+    if text not in ("rows", "padded"):
+        raise ValueError(f"MLXR_KV_LAYOUT must be rows or padded, not {text!r}")
+    return text
+
+
 def _parse_bytes(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*", text.lower())
     if not m:
@@ -126,6 +132,9 @@ class Settings:
     load_timeout_s: float = 300.0
     context_length: int = 4096
     prefix_cache_bytes: int = 1 << 30
+    # How runners hold the KV cache: "rows" (the block pool, runner/kv/rows.py, where the
+    # architecture fits) or "padded" (mlx-lm's left-padded batch cache: for comparisons).
+    kv_layout: str = "rows"
     memory_margin_bytes: int = 1 << 30
     max_request_bytes: int = 32 << 20
     api_key: str | None = None
@@ -172,6 +181,7 @@ class Settings:
             ("context_length", "CONTEXT_LENGTH", int),
             ("load_timeout_s", "LOAD_TIMEOUT", parse_duration),
             ("prefix_cache_bytes", "PREFIX_CACHE_BYTES", _parse_bytes),
+            ("kv_layout", "KV_LAYOUT", _parse_kv_layout),
             ("memory_margin_bytes", "MEMORY_MARGIN", _parse_bytes),
             ("max_request_bytes", "MAX_REQUEST_BYTES", _parse_bytes),
             ("shutdown_grace_s", "SHUTDOWN_GRACE", lambda v: max(0.0, parse_duration(v))),
@@ -217,8 +227,9 @@ class RunnerConfig:
     context_length: int = 4096
     prefill_chunk: int = 512
     step_token_budget: int = 2048
-    prefix_cache_bytes: int = 1 << 30
+    prefix_cache_bytes: int = 1 << 30  # the padded layout's copy-based prefix cache
     kv_cache_bytes: int = 0  # 0: derived from the system's available memory
+    kv_layout: str = "rows"  # Settings.kv_layout
     watch_stdin: bool = False  # exit when stdin closes (the supervisor died)
     # Where the secret every request must carry comes from (never argv, which `ps` shows):
     # the first line of stdin (the supervisor's way), else this file (created with a fresh

@@ -265,6 +265,15 @@ class RunnerStatus:
     context_length: int = 0
     memory: int = 0
     kv_bytes: int = 0
+    # The KV block pool (runner/kv/pool.py): positions per block, blocks in all, blocks in
+    # use (by running sequences or kept for prefix reuse), and of those the cached ones that
+    # nothing running reads (freed first when room is needed).
+    kv_block_size: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_cached: int = 0
+    prefix_hit_rate: float = 0.0  # prompt positions served from the cache, over all admitted
+    preemptions: int = 0  # sequences requeued (to recompute) for want of blocks
     active: int = 0
     waiting: int = 0
     error: str | None = None

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 from tokenizers import Tokenizer
 
+from mlxr.shared.config import Settings
 from mlxr.supervisor.bench import peers, scenarios
 from mlxr.supervisor.bench import realistic, traffic
 from mlxr.supervisor.bench.load import make_prompts, run_load
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.scenario_scale <= 0:
         raise SystemExit("--scenario-scale must be positive")
     runner_config = {"context_length": realistic.CONTEXT_LENGTH} if wanted else {}
+    runner_config["kv_layout"] = Settings.from_env().kv_layout  # as `mlxr serve`'s runners
     if wanted:  # 8,000 tokens of context: more than the default 4,096 (our runners only)
         os.environ.setdefault("MLXR_CONTEXT_LENGTH", str(realistic.CONTEXT_LENGTH))
     try:

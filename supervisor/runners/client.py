@@ -399,7 +399,8 @@ def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
             model_dir=str(spec.model_dir), model_name=spec.name, host="127.0.0.1",
             port=free_port(), num_parallel=settings.num_parallel,
             context_length=spec.context_length, prefix_cache_bytes=settings.prefix_cache_bytes,
-            kv_cache_bytes=spec.kv_cache_bytes, watch_stdin=True, token_stdin=True,
+            kv_cache_bytes=spec.kv_cache_bytes, kv_layout=settings.kv_layout,
+            watch_stdin=True, token_stdin=True,
             blas=library or "off")
         client = await RunnerClient.spawn(config, module=settings.runner_module, blas=library)
         try:

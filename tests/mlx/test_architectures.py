@@ -1,7 +1,7 @@
 """Every architecture's random model through mlx_lm (float32, bfloat16, MLX 4-bit), and what
 the runner adds per architecture: the body/head split with logit transforms, the Gemma 2
 attention fix, and prefix-cache state for sliding-window layers (runner/architectures.py,
-runner/cache_state.py); and each model through a GGUF file written and read with
+runner/kv/cache_state.py); and each model through a GGUF file written and read with
 supervisor/store/gguf/arch.py alone (float32 tensors: no quantization involved)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load
 
-from mlxr.runner import cache_state
+from mlxr.runner.kv import cache_state
 from mlxr.runner.architectures import fix_model
 from mlxr.runner.model_step import split_model
 from mlxr.supervisor.store.gguf import arch as A

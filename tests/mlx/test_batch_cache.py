@@ -1,10 +1,10 @@
-"""append_row: a finished prompt's cache joins the batch cache (runner/batch_cache.py)."""
+"""append_row: a finished prompt's cache joins the batch cache (runner/kv/batch_cache.py)."""
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.utils import load
 
-from mlxr.runner.batch_cache import append_row
+from mlxr.runner.kv.batch_cache import append_row
 
 
 def prompt_cache(model, tokens):

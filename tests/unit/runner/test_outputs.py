@@ -6,6 +6,7 @@ import ast
 
 from mlxr.runner.outputs import Outputs
 from mlxr.runner.request import SeqStatus, make_sequence
+from mlxr.runner.kv.pool import KVPool
 from mlxr.runner.scheduler import Scheduler, SchedulerConfig, StepResult
 from mlxr.shared.protocol import Options
 
@@ -19,7 +20,8 @@ def decode(ids):
 
 def make(num_predict=-1, stop=None, ctx=100, return_prompt_tokens=False):
     outputs = Outputs(decode)
-    sched = Scheduler(SchedulerConfig(), lambda seq: 0, {EOS}, outputs.stop_matched)
+    sched = Scheduler(SchedulerConfig(), KVPool(1 << 20, block_size=1, share=False),
+                      lambda seq, admission: 0, {EOS}, outputs.stop_matched)
     seq = make_sequence(1, [1, 2], Options(num_predict=num_predict, stop=stop or []), ctx,
                         False, 0, sink=None, return_prompt_tokens=return_prompt_tokens)
     outputs.open(seq)

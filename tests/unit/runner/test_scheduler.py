@@ -1,5 +1,6 @@
 """Scheduler behaviour with a fake model step: no mlx, hand-made results."""
 
+from mlxr.runner.kv.pool import KVPool
 from mlxr.runner.request import Sequence, SeqStatus
 from mlxr.runner.scheduler import Scheduler, SchedulerConfig, StepPlan, StepResult
 from mlxr.shared.protocol import Options
@@ -19,7 +20,7 @@ class FakeModelStep:
         self.cached = cached or {}
         self.released = []
 
-    def admit(self, seq):
+    def admit(self, seq, admission):
         return self.cached.get(seq.seq_id, 0)
 
     def run(self, plan, token=7):
@@ -33,9 +34,14 @@ class FakeModelStep:
         return result
 
 
-def make(config=None, cached=None):
+def token_pool(kv_tokens=1 << 20):
+    """Blocks of one token, no sharing: the budget counts tokens exactly."""
+    return KVPool(kv_tokens, block_size=1, share=False)
+
+
+def make(config=None, cached=None, kv_tokens=1 << 20):
     step = FakeModelStep(cached)
-    return Scheduler(config or SchedulerConfig(), step.admit, {EOS}), step
+    return Scheduler(config or SchedulerConfig(), token_pool(kv_tokens), step.admit, {EOS}), step
 
 
 def chunk_len(plan):
@@ -52,9 +58,10 @@ def run_step(sched, step, token=7):
 def test_scheduler_and_prefix_cache_import_no_mlx():
     import ast
 
-    from mlxr.runner import prefix_cache, request, scheduler
+    from mlxr.runner import request, scheduler
+    from mlxr.runner.kv import pool, prefix_cache
 
-    for mod in (scheduler, prefix_cache, request):
+    for mod in (scheduler, prefix_cache, request, pool):
         tree = ast.parse(open(mod.__file__).read())
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
@@ -143,7 +150,7 @@ class CountingStep(FakeModelStep):
         self.admitted = []  # (seq_id, context at admission)
         self.live = set()
 
-    def admit(self, seq):
+    def admit(self, seq, admission):
         assert seq.seq_id not in self.live, "admitted before its old cache was released"
         self.live.add(seq.seq_id)
         self.admitted.append((seq.seq_id, list(seq.all_tokens)))
@@ -161,7 +168,7 @@ class CountingStep(FakeModelStep):
 
 def test_context_shift_keeps_num_keep_drops_half_and_goes_on():
     step = CountingStep()
-    sched = Scheduler(SchedulerConfig(), step.admit, {EOS})
+    sched = Scheduler(SchedulerConfig(), token_pool(), step.admit, {EOS})
     seq = make_seq(1, 8, max_new=30, ctx=12, num_keep=2)
     sched.add(seq)
     while not seq.is_finished:
@@ -180,7 +187,7 @@ def test_context_shift_keeps_num_keep_drops_half_and_goes_on():
 
 def test_context_shift_with_num_keep_minus_one_keeps_the_prompt():
     step = CountingStep()
-    sched = Scheduler(SchedulerConfig(), step.admit, {EOS})
+    sched = Scheduler(SchedulerConfig(), token_pool(), step.admit, {EOS})
     seq = make_seq(1, 6, max_new=12, ctx=10, num_keep=-1)
     sched.add(seq)
     while not seq.is_finished:
@@ -192,7 +199,7 @@ def test_context_shift_with_num_keep_minus_one_keeps_the_prompt():
 
 def test_context_shift_does_not_disturb_other_streams():
     step = CountingStep()
-    sched = Scheduler(SchedulerConfig(), step.admit, {EOS})
+    sched = Scheduler(SchedulerConfig(), token_pool(), step.admit, {EOS})
     short = make_seq(1, 8, max_new=20, ctx=12)
     other = make_seq(2, 3, max_new=20, ctx=100)
     sched.add(short)
@@ -242,7 +249,7 @@ def test_max_running_limits_admission():
 
 
 def test_kv_budget_preempts_newest_and_requeues_it():
-    sched, step = make(SchedulerConfig(max_running=8, kv_token_budget=30))
+    sched, step = make(SchedulerConfig(max_running=8), kv_tokens=30)
     a, b = make_seq(1, 10, max_new=100), make_seq(2, 10, max_new=100)
     sched.add(a)
     sched.add(b)
@@ -372,7 +379,7 @@ def test_chunks_do_not_shrink_to_the_minimum_when_each_chunk_has_a_fixed_cost():
 def test_a_sequence_alone_that_outgrows_the_kv_budget_fails_with_insufficient_memory():
     from mlxr.shared.errors import InsufficientMemory
 
-    sched, step = make(SchedulerConfig(kv_token_budget=12))
+    sched, step = make(kv_tokens=12)
     assert sched.fits(11) and not sched.fits(12)
     seq = make_seq(1, 8, max_new=100, ctx=1000)
     sched.add(seq)
@@ -381,13 +388,14 @@ def test_a_sequence_alone_that_outgrows_the_kv_budget_fails_with_insufficient_me
         touched += run_step(sched, step)[1]
     assert seq.status == SeqStatus.FINISHED_ERROR and isinstance(seq.error, InsufficientMemory)
     assert seq.error.status == 507 and "12 tokens" in seq.error.message
-    assert seq.num_tokens == 12 and touched[-1] is seq  # its error line goes out
+    # It fails when its 13th position does not fit (the 12th did).
+    assert seq.num_tokens == 13 and touched[-1] is seq  # its error line goes out
     assert step.released == [1] and not sched.has_work
 
 
 def test_prefilling_sequences_make_room_for_a_running_one():
-    sched, step = make(SchedulerConfig(kv_token_budget=20, prefill_chunk=4, min_prefill_chunk=4,
-                                       step_token_budget=5))
+    sched, step = make(SchedulerConfig(prefill_chunk=4, min_prefill_chunk=4,
+                                       step_token_budget=5), kv_tokens=20)
     first = make_seq(1, 4, max_new=12)
     sched.add(first)
     run_step(sched, step)
@@ -396,13 +404,13 @@ def test_prefilling_sequences_make_room_for_a_running_one():
     sched.add(late)
     while not (first.is_finished and late.is_finished):
         run_step(sched, step)
-        assert sched._kv_tokens() <= 20
+        assert sched.pool.used_blocks <= 20
     assert first.done_reason == "length" and late.done_reason == "length"
 
 
 def test_recover_fails_the_growing_sequences_and_the_rest_recompute():
     step = CountingStep()
-    sched = Scheduler(SchedulerConfig(prefill_chunk=64), step.admit, {EOS})
+    sched = Scheduler(SchedulerConfig(prefill_chunk=64), token_pool(), step.admit, {EOS})
     running = [make_seq(i, 4, max_new=6) for i in (1, 2)]
     for seq in running:
         sched.add(seq)

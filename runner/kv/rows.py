@@ -1,0 +1,378 @@
+"""The batch as rows over the block pool's runs: each sequence's keys and values live in
+contiguous per-layer arrays (one per run, runner/kv/pool.py), and each row attends over its own
+positions only, with `mx.fast.scaled_dot_product_attention`. No padding, no mask at decode, no
+gather of scattered blocks (docs/PERFORMANCE.md, "Attention over block tables").
+
+mlx-lm's attention modules call `cache.update_and_fetch` and then the module-level
+`scaled_dot_product_attention(queries, keys, values, cache=cache, ...)`. `install` points that
+name, in every model module that imported it from mlx_lm's base, at a function that hands a
+`RowsLayer` cache to its own `attend` and passes every other cache to the original: models
+serve unchanged. `probe` checks on a tiny batch of rows that this path gives the logits of
+mlx-lm's own single-sequence cache, so an architecture it does not fit (a sliding window, a
+state-space layer, attention sinks) keeps the padded batch instead.
+
+Invariants:
+- `Row.length` positions of the row's context are written: `shared` segments (other runs,
+  read only) below `run.start`, its own run from `run.start` to `length`. A forward pass
+  writes positions `length ..` of every row in every layer before any row of that layer
+  attends, then the model step advances `length`.
+- A run's arrays cover at least the positions written to it; they grow to the pool's capacity
+  for the run (whole blocks) when a write needs more.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from mlxr.runner.kv.pool import Run, Segment
+
+
+@dataclass(slots=True)
+class RunArrays:
+    keys: list  # per layer: (1, kv_heads, capacity, dim) or None before the first write
+    values: list
+    capacity: int = 0  # positions, from the run's start
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.keys + self.values if a is not None)
+
+
+@dataclass(slots=True)
+class Row:
+    seq: object  # runner.request.Sequence
+    shared: list[Segment]
+    run: Run
+    length: int
+
+
+class RunStore:
+    """The arrays of every run, by run id."""
+
+    def __init__(self, num_layers: int, block_size: int):
+        self.num_layers = num_layers
+        self.block_size = block_size
+        self.arrays: dict[int, RunArrays] = {}
+
+    def get(self, run: Run) -> RunArrays:
+        arrays = self.arrays.get(run.run_id)
+        if arrays is None:
+            arrays = self.arrays[run.run_id] = RunArrays([None] * self.num_layers,
+                                                         [None] * self.num_layers)
+        return arrays
+
+    def drop(self, run_ids) -> None:
+        for run_id in run_ids:
+            self.arrays.pop(run_id, None)
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def write(self, run: Run, layer: int, position: int, keys: mx.array,
+              values: mx.array) -> None:
+        arrays = self.get(run)
+        at = position - run.start
+        end = at + keys.shape[2]
+        old_k, old_v = arrays.keys[layer], arrays.values[layer]
+        have = 0 if old_k is None else old_k.shape[2]
+        if end > have:
+            bs = self.block_size
+            want = max(run.capacity * bs, -(-end // bs) * bs)
+            shape = (1, keys.shape[1], want - have, keys.shape[3])
+            pad_k, pad_v = mx.zeros(shape, keys.dtype), mx.zeros(shape, values.dtype)
+            old_k = pad_k if old_k is None else mx.concatenate([old_k, pad_k], axis=2)
+            old_v = pad_v if old_v is None else mx.concatenate([old_v, pad_v], axis=2)
+            arrays.capacity = max(arrays.capacity, want)
+        old_k[..., at:end, :] = keys
+        old_v[..., at:end, :] = values
+        arrays.keys[layer], arrays.values[layer] = old_k, old_v
+
+    def padded(self, run: Run, layer: int, width: int) -> tuple[mx.array, mx.array]:
+        """The run's first `width` positions from its start (positions past what it wrote
+        are zeros or stale: the caller masks them)."""
+        keys, values = self.arrays[run.run_id].keys[layer], self.arrays[run.run_id].values[layer]
+        have = keys.shape[2]
+        if have >= width:
+            return keys[..., :width, :], values[..., :width, :]
+        pad = [(0, 0), (0, 0), (0, width - have), (0, 0)]
+        return mx.pad(keys, pad), mx.pad(values, pad)
+
+    def context(self, row_shared: list[Segment], run: Run, layer: int,
+                length: int) -> tuple[mx.array, mx.array]:
+        """Keys and values of positions [0, length): one slice when the row has no shared
+        segments, else the segments joined (a copy for this call only)."""
+        parts_k, parts_v = [], []
+        for seg in row_shared:
+            arrays = self.arrays[seg.run.run_id]
+            a, b = seg.start - seg.run.start, seg.end - seg.run.start
+            parts_k.append(arrays.keys[layer][..., a:b, :])
+            parts_v.append(arrays.values[layer][..., a:b, :])
+        arrays = self.arrays[run.run_id]
+        own = length - run.start
+        if own > 0 or not parts_k:
+            parts_k.append(arrays.keys[layer][..., :own, :])
+            parts_v.append(arrays.values[layer][..., :own, :])
+        if len(parts_k) == 1:
+            return parts_k[0], parts_v[0]
+        return mx.concatenate(parts_k, axis=2), mx.concatenate(parts_v, axis=2)
+
+
+# A decode row whose keys and values (one layer) take at most this many bytes is attended
+# in a padded group with rows of similar length: copying it into the group costs less than
+# one more attention call (about 60-120 us each on the 2-core EPYC; docs/PERFORMANCE.md).
+GROUP_ROW_BYTES = 256 << 10
+GROUP_PADDING = 0.25  # a group's padding stays within this fraction of its positions
+
+
+@dataclass(slots=True)
+class _Group:
+    rows: list[int]  # indices into the step's rows
+    width: int  # positions attended: the longest row's
+    index: mx.array  # `rows` as an array, to pick their queries
+    mask: mx.array | None  # (rows, 1, 1, width): which positions each row has
+
+
+class _DecodePlan:
+    """How a decode step's rows are attended, the same in every layer: padded groups of short
+    rows of similar length, and single rows (long ones, and those with shared segments)."""
+
+    def __init__(self, store: RunStore, rows: list[Row]):
+        self.groups: list[_Group] = []
+        self.singles: list[int] = []
+        self.order: mx.array | None = None  # output row i is concatenated row order[i]
+        first = store.arrays[rows[0].run.run_id].keys[0] if rows else None
+        per_position = 0 if first is None else \
+            2 * first.shape[1] * first.shape[3] * first.dtype.size
+        lengths = [r.length + 1 for r in rows]
+        short = sorted((i for i, r in enumerate(rows)
+                        if not r.shared and 0 < per_position * lengths[i] <= GROUP_ROW_BYTES),
+                       key=lambda i: -lengths[i])
+        grouped: set[int] = set()
+        while short:
+            width, members, used = lengths[short[0]], [], 0
+            for i in short:
+                if (width - lengths[i]) + used > GROUP_PADDING * width * (len(members) + 1):
+                    break
+                members.append(i)
+                used += width - lengths[i]
+            short = short[len(members):]
+            if len(members) == 1:
+                continue
+            grouped.update(members)
+            mask = None
+            if used:
+                have = mx.array([lengths[i] for i in members], dtype=mx.int32)
+                mask = mx.arange(width, dtype=mx.int32)[None, None, None, :] < \
+                    have[:, None, None, None]
+            self.groups.append(_Group(members, width, mx.array(members, dtype=mx.int32), mask))
+        self.singles = [i for i in range(len(rows)) if i not in grouped]
+        placed = [i for g in self.groups for i in g.rows] + self.singles
+        if placed != list(range(len(rows))):
+            inverse = [0] * len(rows)
+            for at, i in enumerate(placed):
+                inverse[i] = at
+            self.order = mx.array(inverse, dtype=mx.int32)
+
+
+class RowsLayer:
+    """One layer's cache for one forward pass over `rows`, each adding `num_new` positions
+    (a prefill chunk: one row; a decode step: every running row, one position each)."""
+
+    def __init__(self, store: RunStore, layer: int, rows: list[Row], plan: list, offset):
+        self.store = store
+        self.layer = layer
+        self.rows = rows
+        self.offset = offset  # where each row's new positions start (RoPE reads it)
+        self._num_new = 0
+        self._plan = plan  # [_DecodePlan], made by the first layer that attends
+
+    def make_mask(self, num_new: int, return_array: bool = False, window_size=None):
+        if window_size is not None:
+            raise NotImplementedError("sliding windows use the padded batch")
+        return None  # attend() masks for itself
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        self._num_new = keys.shape[2]
+        if len(self.rows) == 1:
+            row = self.rows[0]
+            self.store.write(row.run, self.layer, row.length, keys, values)
+        else:
+            parts = zip(mx.split(keys, len(self.rows)), mx.split(values, len(self.rows)))
+            for row, (k, v) in zip(self.rows, parts):
+                self.store.write(row.run, self.layer, row.length, k, v)
+        return keys, values
+
+    def attend(self, queries: mx.array, scale: float) -> mx.array:
+        n = self._num_new
+        if len(self.rows) == 1:
+            row = self.rows[0]
+            k, v = self.store.context(row.shared, row.run, self.layer, row.length + n)
+            return mx.fast.scaled_dot_product_attention(
+                queries, k, v, scale=scale, mask="causal" if n > 1 else None)
+        if not self._plan:
+            self._plan.append(_DecodePlan(self.store, self.rows))
+        plan = self._plan[0]
+        outs = []
+        for group in plan.groups:
+            ks, vs = [], []
+            for i in group.rows:
+                k, v = self.store.padded(self.rows[i].run, self.layer, group.width)
+                ks.append(k)
+                vs.append(v)
+            outs.append(mx.fast.scaled_dot_product_attention(
+                queries[group.index], mx.concatenate(ks, axis=0), mx.concatenate(vs, axis=0),
+                scale=scale, mask=group.mask))
+        for i in plan.singles:
+            row = self.rows[i]
+            k, v = self.store.context(row.shared, row.run, self.layer, row.length + 1)
+            outs.append(mx.fast.scaled_dot_product_attention(
+                queries[i:i + 1], k, v, scale=scale, mask=None))
+        out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
+        return out if plan.order is None else out[plan.order]
+
+    @property
+    def state(self):
+        return ()
+
+    def is_trimmable(self) -> bool:
+        return True
+
+
+def make_layers(store: RunStore, rows: list[Row]) -> list[RowsLayer]:
+    plan: list = []
+    offset = rows[0].length if len(rows) == 1 else \
+        mx.array([r.length for r in rows], dtype=mx.int32)
+    return [RowsLayer(store, layer, rows, plan, offset) for layer in range(store.num_layers)]
+
+
+# -- routing mlx-lm's attention ---------------------------------------------------------
+_original = None
+
+
+def _attention(queries, keys, values, cache, scale, mask, sinks=None):
+    if isinstance(cache, RowsLayer):
+        if sinks is not None:
+            raise NotImplementedError("attention sinks use the padded batch")
+        return cache.attend(queries, scale)
+    return _original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def install(model) -> None:
+    """Route the attention of `model`'s modules through `_attention` (idempotent)."""
+    global _original
+    from mlx_lm.models import base
+
+    if _original is None:
+        _original = base.scaled_dot_product_attention
+    for module in {type(m).__module__ for m in model.modules()} | {base.__name__}:
+        mod = sys.modules.get(module)
+        if mod is not None and getattr(mod, "scaled_dot_product_attention", None) is _original:
+            mod.scaled_dot_product_attention = _attention
+
+
+class RowBatch:
+    """The model step's cache for models whose layers all take `RowsLayer` (see `probe`):
+    every sequence's context in the pool's runs, read by reference where shared."""
+
+    def __init__(self, num_layers: int, pool):
+        self.pool = pool
+        self.store = RunStore(num_layers, pool.block_size)
+        self.rows: list = []  # the decoding sequences, in batch order
+        self._rows: dict[int, Row] = {}  # seq id -> Row, prefilling and decoding
+
+    def admit(self, seq, admission) -> int:
+        copy = admission.copy
+        if copy is not None:  # the matched part of another run's partial block
+            src = self.store.arrays[copy.run.run_id]
+            a, b = copy.start - copy.run.start, copy.end - copy.run.start
+            for layer in range(self.store.num_layers):
+                self.store.write(admission.run, layer, copy.start,
+                                 src.keys[layer][..., a:b, :], src.values[layer][..., a:b, :])
+        self._rows[seq.seq_id] = Row(seq, admission.shared, admission.run, admission.cached)
+        return admission.cached
+
+    def prefill_cache(self, seq) -> list[RowsLayer]:
+        return make_layers(self.store, [self._rows[seq.seq_id]])
+
+    def decode_cache(self) -> list[RowsLayer]:
+        return make_layers(self.store, [self._rows[s.seq_id] for s in self.rows])
+
+    def advance(self, seqs, num: int) -> None:
+        """The forward pass just built wrote `num` positions of each of `seqs`."""
+        for seq in seqs:
+            self._rows[seq.seq_id].length += num
+
+    def join(self, seq) -> None:
+        self.rows.append(seq)
+
+    def untake(self) -> None:
+        """Forget the position a decode step run ahead wrote for every row."""
+        self.advance(self.rows, -1)
+
+    def can_run_ahead(self) -> bool:
+        """Only within each row's reserved blocks: the pool's accounting stays exact."""
+        bs = self.pool.block_size
+        return all(self._rows[s.seq_id].length < self._rows[s.seq_id].run.end(bs)
+                   for s in self.rows)
+
+    def release(self, seqs) -> None:
+        gone = {s.seq_id for s in seqs}
+        for seq_id in gone:
+            self._rows.pop(seq_id, None)
+        self.rows = [s for s in self.rows if s.seq_id not in gone]
+        self.store.drop(self.pool.drain_freed())
+
+    def arrays(self, seqs) -> list[mx.array]:
+        out = []
+        for seq in seqs:
+            arrays = self.store.arrays.get(self._rows[seq.seq_id].run.run_id)
+            if arrays is not None:
+                out += [a for a in arrays.keys + arrays.values if a is not None]
+        return out
+
+    def kv_bytes(self) -> int:
+        return self.store.nbytes()
+
+    def reset(self) -> None:
+        self.rows, self._rows = [], {}
+        self.store.arrays = {}
+
+
+def probe(model, num_layers: int) -> bool:
+    """Does this model, with its attention routed here, give mlx-lm's own logits for two
+    rows of different lengths, prefilled alone and decoded together?"""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxr.runner.kv.pool import KVPool
+
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]]
+    try:
+        install(model)
+        pool = KVPool(num_blocks=8, block_size=16)
+        batch = RowBatch(num_layers, pool)
+        firsts, expected = [], []
+        for i, tokens in enumerate(prompts):
+            ref = make_prompt_cache(model)
+            last = model(mx.array([tokens]), cache=ref)[:, -1, :]
+            nxt = mx.argmax(last, axis=-1)
+            expected.append(model(nxt[:, None], cache=ref)[:, -1, :])
+            seq = _ProbeSeq(i)
+            batch.admit(seq, pool.admit(i, tokens, len(tokens) + 1))
+            got = model(mx.array([tokens]), cache=batch.prefill_cache(seq))[:, -1, :]
+            batch.advance([seq], len(tokens))
+            batch.join(seq)
+            if not mx.allclose(got, last, atol=1e-4).item():
+                return False
+            firsts.append(nxt)
+        logits = model(mx.concatenate(firsts)[:, None], cache=batch.decode_cache())[:, -1, :]
+        return bool(mx.allclose(logits, mx.concatenate(expected), atol=1e-4).item())
+    except Exception:
+        return False
+
+
+@dataclass(slots=True)
+class _ProbeSeq:
+    seq_id: int
