@@ -261,8 +261,8 @@ class Scheduler:
         discard = (seq.num_tokens - seq.kept_tokens) // 2
         if discard < 1:
             return False
+        self._requeue(seq)  # the pool keeps what it computed, under the tokens it had
         seq.dropped += discard
-        self._requeue(seq)
         return True
 
     def _admit(self, allowance: int, failed: list[Sequence]) -> None:

@@ -8,7 +8,8 @@ other runs, then its own run. So a decode row attends over one or a few contiguo
 never a gather of scattered blocks (docs/PERFORMANCE.md, "Attention over block tables").
 
 Prefix sharing (as vLLM's automatic prefix caching): each full, computed block of a run is
-registered under a hash of its tokens chained to the hash of the block before it. A new
+registered under its tokens and the chain id of the block before it (the key holds the tokens,
+not a hash of them, so a match is exact). A new
 sequence walks its prompt's blocks through that table and reads every matched block by
 reference (its run gains a reader). It writes into a new run of its own from the first
 unmatched block (the partial last block is recomputed, never copied), except when the last
@@ -46,10 +47,11 @@ class Run:
     run_id: int
     start: int  # first position, a multiple of the block size
     capacity: int  # blocks
-    parent_hash: int  # the registered hash of the block before `start` (ROOT_HASH at 0)
+    parent_hash: int  # the chain id of the block before `start` (ROOT_HASH at 0)
     owner: int | None
     tokens: list[int] = field(default_factory=list)  # the tokens at start, start+1, ...
-    hashes: list[int] = field(default_factory=list)  # registered hashes of its first blocks
+    hashes: list[int] = field(default_factory=list)  # chain ids of its first, full blocks
+    keys: list[tuple] = field(default_factory=list)  # their registry keys
     readers: dict[int, int] = field(default_factory=dict)  # seq id -> end position read
     last_used: int = 0
     tail_key: int | None = None  # its key in KVPool.tails
@@ -101,9 +103,14 @@ class KVPool:
         self.used_blocks = 0
         self.runs: dict[int, Run] = {}
         self.tables: dict[int, _Table] = {}
-        self.registry: dict[int, tuple[Run, int]] = {}  # hash -> (run, block index in run)
-        # chain hash at the end of a run's registered blocks -> the runs whose tails start there
-        self.tails: dict[int, set[Run]] = {}
+        # (parent chain id, the block's tokens) -> (run, block index in run, chain id). The
+        # key holds the tokens themselves, so two different prefixes never share an entry:
+        # a chain id names one exact prefix, and no hash collision can serve another's keys.
+        self.registry: dict[tuple, tuple[Run, int, int]] = {}
+        # chain id at the end of a run's registered blocks -> the runs whose tails start there
+        # (a dict as an ordered set: ties break the same way in every process)
+        self.tails: dict[int, dict[Run, None]] = {}
+        self._chain_ids = itertools.count(ROOT_HASH + 1)
         self._freed: list[int] = []
         self._clock = itertools.count(1)
         self._ids = itertools.count(1)
@@ -206,9 +213,12 @@ class KVPool:
                 len(run.hashes) < run.capacity:
             i = len(run.hashes)
             parent = run.hashes[i - 1] if i else run.parent_hash
-            h = _hash(parent, run.tokens[i * bs:(i + 1) * bs])
-            run.hashes.append(h)
-            self.registry.setdefault(h, (run, i))
+            key = (parent, tuple(run.tokens[i * bs:(i + 1) * bs]))
+            entry = self.registry.get(key)
+            if entry is None:  # else a duplicate of a registered block: same chain id
+                entry = self.registry[key] = (run, i, next(self._chain_ids))
+            run.hashes.append(entry[2])
+            run.keys.append(key)
         self._retail(run)
 
     def release(self, seq_id: int, tokens: list[int], computed: int) -> None:
@@ -233,7 +243,7 @@ class KVPool:
     # -- internals -----------------------------------------------------------------------
     def _match(self, tokens: list[int]):
         """The longest cached prefix of `tokens` (leaving one token to compute): the segments
-        to read, the positions covered, the run to adopt (or None), the chain hash at the end
+        to read, the positions covered, the run to adopt (or None), the chain id at the end
         of the matched full blocks (a new run's parent), and the segment to copy into a new
         run (or None)."""
         bs = self.block_size
@@ -242,13 +252,10 @@ class KVPool:
         h = ROOT_HASH
         pos = 0
         while pos + bs <= limit:
-            nxt = _hash(h, tokens[pos:pos + bs])
-            found = self.registry.get(nxt)
+            found = self.registry.get((h, tuple(tokens[pos:pos + bs])))
             if found is None:
                 break
-            run, i = found
-            if run.tokens[i * bs:(i + 1) * bs] != tokens[pos:pos + bs]:
-                break  # a hash collision: never serve another prefix's keys
+            run, _, nxt = found
             if shared and shared[-1].run is run and shared[-1].end == pos:
                 shared[-1].end = pos + bs
             else:
@@ -290,13 +297,14 @@ class KVPool:
         keep = max(position - run.start, 0)
         del run.tokens[keep:]
         while len(run.hashes) * self.block_size > keep:
-            h = run.hashes.pop()
-            if self.registry.get(h, (None,))[0] is run:
-                del self.registry[h]
+            run.hashes.pop()
+            key = run.keys.pop()
+            if self.registry.get(key, (None,))[0] is run:
+                del self.registry[key]
         self._retail(run)
 
     def _retail(self, run: Run, gone: bool = False) -> None:
-        """File the run under the chain hash where its registered blocks end."""
+        """File the run under the chain id where its registered blocks end."""
         if not self.share:
             return
         key = None if gone else (run.hashes[-1] if run.hashes else run.parent_hash)
@@ -304,11 +312,11 @@ class KVPool:
             return
         if run.tail_key is not None:
             peers = self.tails[run.tail_key]
-            peers.discard(run)
+            peers.pop(run, None)
             if not peers:
                 del self.tails[run.tail_key]
         if key is not None:
-            self.tails.setdefault(key, set()).add(run)
+            self.tails.setdefault(key, {})[run] = None
         run.tail_key = key
 
     def _grow(self, run: Run, blocks: int) -> None:
@@ -351,6 +359,3 @@ class KVPool:
         del self.runs[run.run_id]
         self._freed.append(run.run_id)
 
-
-def _hash(parent: int, tokens: list[int]) -> int:
-    return hash((parent, tuple(tokens)))

@@ -1,4 +1,4 @@
-from mlxr.runner.prefix_cache import PrefixCache
+from mlxr.runner.kv.prefix_cache import PrefixCache
 
 
 def test_longest_prefix_wins_and_leaves_one_token():
