@@ -209,6 +209,7 @@ class Engine:
         self.pool_figures = {
             "kv_block_size": pool.block_size, "kv_blocks_total": pool.num_blocks,
             "kv_blocks_used": pool.used_blocks, "kv_blocks_cached": pool.cached_blocks,
+            "kv_live_bytes": model_step.kv_live_bytes(),
             "prefix_hit_rate": pool.hits / pool.queried if pool.queried else 0.0,
             "preemptions": self.scheduler.num_preempted}
         self._read_memory()

@@ -129,6 +129,9 @@ class ModelStep:
     def kv_bytes(self) -> int:
         return self.kv.kv_bytes()
 
+    def kv_live_bytes(self) -> int:
+        return self.kv.live_bytes()
+
     # -- compute ------------------------------------------------------------------------
     def run(self, plan: StepPlan) -> StepResult:
         self.release(plan.release)

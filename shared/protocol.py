@@ -265,6 +265,7 @@ class RunnerStatus:
     context_length: int = 0
     memory: int = 0
     kv_bytes: int = 0
+    kv_live_bytes: int = 0  # of kv_bytes, what sequences in flight use (not the cached)
     # The KV block pool (runner/kv/pool.py): positions per block, blocks in all, blocks in
     # use (by running sequences or kept for prefix reuse), and of those the cached ones that
     # nothing running reads (freed first when room is needed).

@@ -108,9 +108,12 @@ class PaddedBatch:
         return [a for c in caches for a in c.state if isinstance(a, mx.array)]
 
     def kv_bytes(self) -> int:
+        return self.live_bytes() + (self.prefix_cache.nbytes if self.prefix_cache else 0)
+
+    def live_bytes(self) -> int:
+        """The batch cache (padding included) and the prefilling caches."""
         total = sum(c.nbytes for c in self.batch) if self.batch else 0
-        total += sum(c.nbytes for caches in self.prefills.values() for c in caches)
-        return total + (self.prefix_cache.nbytes if self.prefix_cache else 0)
+        return total + sum(c.nbytes for caches in self.prefills.values() for c in caches)
 
     def reset(self) -> None:
         self.rows, self.batch, self.prefills = [], None, {}

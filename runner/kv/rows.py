@@ -336,6 +336,13 @@ class RowBatch:
     def kv_bytes(self) -> int:
         return self.store.nbytes()
 
+    def live_bytes(self) -> int:
+        """Bytes of the runs that sequences in flight write or read (not the cached ones)."""
+        runs = {r.run.run_id for r in self._rows.values()}
+        runs |= {seg.run.run_id for r in self._rows.values() for seg in r.shared}
+        arrays = self.store.arrays
+        return sum(arrays[i].nbytes for i in runs if i in arrays)
+
     def reset(self) -> None:
         self.rows, self._rows = [], {}
         self.store.arrays = {}

@@ -212,8 +212,10 @@ async def long_context(s: Served, tokenizer, scale: float, kv_bytes_per_token: i
 
 
 async def _watch_kv(client, url: str, records, tokens, bytes_per_token: int) -> dict:
-    """Samples every 100 ms until cancelled: the peak kv_bytes and the peak live-token KV."""
-    peak = {"peak_kv_bytes": 0} if url else {}  # mlx_lm.server has no such figure
+    """Samples every 100 ms until cancelled: the peak kv_bytes (cached blocks too), the peak
+    KV held for sequences in flight, and the peak KV the live tokens need."""
+    # mlx_lm.server has no such figures
+    peak = {"peak_kv_bytes": 0, "peak_kv_live_bytes": 0} if url else {}
     peak["peak_live_kv_bytes"] = 0
     try:
         while True:
@@ -221,6 +223,8 @@ async def _watch_kv(client, url: str, records, tokens, bytes_per_token: int) -> 
                 try:
                     status = (await client.get(url, timeout=5)).json()
                     peak["peak_kv_bytes"] = max(peak["peak_kv_bytes"], int(status["kv_bytes"]))
+                    peak["peak_kv_live_bytes"] = max(peak["peak_kv_live_bytes"],
+                                                     int(status.get("kv_live_bytes", 0)))
                 except (httpx.HTTPError, ValueError, KeyError):
                     pass
             live = traffic.live_tokens(records, tokens, time.perf_counter()) * bytes_per_token

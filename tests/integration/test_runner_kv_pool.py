@@ -107,6 +107,7 @@ def test_status_reports_the_pool_and_finished_rows_stay_cached(runner):
     assert s["active"] == 0
     # Nothing runs: every block in use is a cached one, kept for reuse.
     assert s["kv_blocks_used"] == s["kv_blocks_cached"] >= 200 // BLOCK
+    assert s["kv_live_bytes"] == 0 < s["kv_bytes"]
     assert 0 < s["prefix_hit_rate"] < 1
 
 

@@ -102,7 +102,7 @@ def test_tables_show_ratios_and_n_a_for_figures_a_peer_lacks():
                "peer": {"short_itl_p99_s_alone": 0.04}}
     table = traffic.scenario_table("long", figures)
     assert "| short ITL p99 alone | 20.0 ms | 40.0 ms | 0.50x |" in table
-    assert "| peak kv_bytes | 2.0 MiB | n/a | n/a |" in table
+    assert "| peak kv_bytes (cached blocks too) | 2.0 MiB | n/a | n/a |" in table
     chat = {"mlxr": {"per_turn": traffic.per_turn_table({1: [0.4], 2: [0.1]}, {2: [0.5]})}}
     turns = traffic.per_turn_markdown(chat)
     assert "| 1 | 400.0 ms | n/a | n/a |" in turns
