@@ -146,7 +146,7 @@ def _log_final(fields: dict[str, Any], line: dict[str, Any]) -> None:
 def running_model_json(m: RunningModel) -> dict[str, Any]:
     return {"name": m.name, "model": m.model, "size": m.size, "digest": m.digest,
             "details": m.details, "expires_at": rfc3339(m.expires_at), "size_vram": m.size_vram,
-            "context_length": m.context_length, "blas": m.blas}
+            "context_length": m.context_length, "blas": m.blas, "kv": m.kv}
 
 
 # -- handlers --------------------------------------------------------------------------------

@@ -168,3 +168,4 @@ class RunningModel:
     expires_at: dt.datetime
     context_length: int
     blas: dict[str, str]
+    kv: dict[str, Any] = field(default_factory=dict)

@@ -90,6 +90,7 @@ class Slot:
     stop_task: asyncio.Future | None = None
     refreshed_at: float = float("-inf")  # time.monotonic() of the last /v1/status read
     blas: dict[str, str] = field(default_factory=dict)  # what the runner says serves its sgemm
+    kv: dict[str, Any] = field(default_factory=dict)  # the runner's KV block pool figures
 
     @property
     def name(self) -> str:
@@ -413,6 +414,12 @@ class RunnerManager:
             return
         slot.memory_bytes = int(status.memory or 0)
         slot.blas = {"path": status.blas_path, "config": status.blas_config}
+        slot.kv = {"block_size": status.kv_block_size, "blocks_total": status.kv_blocks_total,
+                   "blocks_used": status.kv_blocks_used,
+                   "blocks_cached": status.kv_blocks_cached, "bytes": status.kv_bytes,
+                   "live_bytes": status.kv_live_bytes,
+                   "prefix_hit_rate": round(status.prefix_hit_rate, 4),
+                   "preemptions": status.preemptions}
         if status.context_length:
             slot.context_length = int(status.context_length)
 

@@ -4,6 +4,7 @@ the official `ollama` client."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import ollama
 import pytest
@@ -106,6 +107,18 @@ def test_ps_load_and_unload(server, client):
     [running] = [m for m in client.ps().models if m.model == "tiny:latest"]
     assert running.size > 0 and running.size_vram == 0 and running.context_length >= 2048
     assert running.details.family == "qwen3" and running.digest
+    # The runner's KV block pool, as its /v1/status last reported it (re-read after requests).
+    client.chat(model="tiny", messages=[{"role": "user", "content": "hi"}], options=GREEDY)
+    deadline = time.monotonic() + 10
+    while True:
+        with server.http() as http:
+            [entry] = [m for m in http.get("/api/ps").json()["models"]
+                       if m["model"] == "tiny:latest"]
+        if entry["kv"].get("blocks_used") or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert entry["kv"]["block_size"] == 64 and entry["kv"]["blocks_total"] > 0
+    assert entry["kv"]["blocks_used"] >= 1 and entry["kv"]["live_bytes"] == 0
     unloaded = client.chat(model="tiny", messages=[], keep_alive=0)
     assert unloaded.done_reason == "unload"
     assert "tiny:latest" not in server.ps_names()
