@@ -61,6 +61,7 @@ class Engine:
         self.memory_bytes = 0
         self.kv_bytes = 0
         self.pool_figures: dict[str, Any] = {}  # RunnerStatus's kv_block* fields
+        self._kv_published_at = float("-inf")
         self.blas = loaded_blas()
 
     # -- called from other threads ------------------------------------------------------
@@ -204,18 +205,27 @@ class Engine:
         for seq in plan.release:
             if seq.is_finished:
                 seq.sampler = None  # its MLX arrays are freed here, not where the request ends
-        self.kv_bytes = model_step.kv_bytes()
+        self._publish_kv(model_step)
+        self._read_memory()
+        batch = self.outputs.chunks(touched, result)
+        if batch:
+            self._deliver(batch)
+
+    def _publish_kv(self, model_step) -> None:
+        """The KV figures /v1/status reports: they walk every run, so at most every 0.2 s
+        while busy, and after the last step."""
+        now = time.monotonic()
+        if self.scheduler.has_work and now - self._kv_published_at < 0.2:
+            return
+        self._kv_published_at = now
         pool = self.scheduler.pool
+        self.kv_bytes = model_step.kv_bytes()
         self.pool_figures = {
             "kv_block_size": pool.block_size, "kv_blocks_total": pool.num_blocks,
             "kv_blocks_used": pool.used_blocks, "kv_blocks_cached": pool.cached_blocks,
             "kv_live_bytes": model_step.kv_live_bytes(),
             "prefix_hit_rate": pool.hits / pool.queried if pool.queried else 0.0,
             "preemptions": self.scheduler.num_preempted}
-        self._read_memory()
-        batch = self.outputs.chunks(touched, result)
-        if batch:
-            self._deliver(batch)
 
     def _fail_everything(self, message: str) -> None:
         seqs = self.scheduler.abort(self.scheduler.unfinished, message)

@@ -1,7 +1,10 @@
 """The batch as rows over the block pool's runs: each sequence's keys and values live in
 contiguous per-layer arrays (one per run, runner/kv/pool.py), and each row attends over its own
-positions only, with `mx.fast.scaled_dot_product_attention`. No padding, no mask at decode, no
-gather of scattered blocks (docs/PERFORMANCE.md, "Attention over block tables").
+positions only, with `mx.fast.scaled_dot_product_attention`: no padding kept in memory, no
+gather of scattered blocks (docs/PERFORMANCE.md, "Attention over block tables"). At decode,
+short rows of similar length are attended together in one call over a padded copy made for
+that call (`_DecodePlan`): on the CPU one more attention call costs more than copying a few
+hundred KiB, and it keeps a batch of equal short rows as fast as mlx-lm's padded cache.
 
 mlx-lm's attention modules call `cache.update_and_fetch` and then the module-level
 `scaled_dot_product_attention(queries, keys, values, cache=cache, ...)`. `install` points that

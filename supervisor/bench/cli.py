@@ -62,8 +62,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scale the realistic scenarios' token lengths and request counts")
     p.add_argument("--mixed-rate", type=float, default=0.0,
                    help="mixed: arrivals per second (default: measured to keep 16 in flight)")
+    p.add_argument("--mlx-bits", type=int, default=0, choices=[0, 4, 8],
+                   help="serve an MLX-quantized copy (4 or 8 bits, group 64) to mlxr and "
+                        "mlx_lm.server; llama.cpp still gets the float weights as "
+                        "--llamacpp-types (e.g. MLX 8-bit against Q8_0)")
     p.add_argument("--output", default="bench-results", help="directory for JSON and PNG")
     return p
+
+
+def quantized_copy(model_dir: Path, cache: Path, bits: int) -> Path:
+    """An MLX-quantized copy of `model_dir` (mlx-lm's own convert), made once per model."""
+    import importlib
+
+    dest = cache / "mlx-quantized" / f"{model_dir.name}-{bits}bit"
+    if not (dest / "config.json").is_file():
+        if dest.exists():
+            import shutil
+
+            shutil.rmtree(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        convert = importlib.import_module("mlx_lm.convert").convert
+        convert(str(model_dir), mlx_path=str(dest), quantize=True, q_group_size=64,
+                q_bits=bits)
+    return dest
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,6 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     work = Path(tempfile.mkdtemp(prefix="mlxr-bench-"))
     model_dir = resolve_model(args.model, Path.home() / ".cache" / "mlxr-bench")
+    # What mlxr and mlx_lm.server serve; llama.cpp's GGUF is always made from model_dir.
+    served_dir = quantized_copy(model_dir, Path.home() / ".cache" / "mlxr-bench",
+                                args.mlx_bits) if args.mlx_bits else model_dir
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     sampling = Sampling.named(args.sampling)
     against = {a.strip() for a in args.against.split(",") if a.strip()}
@@ -97,18 +121,18 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault("MLXR_CONTEXT_LENGTH", str(realistic.CONTEXT_LENGTH))
     try:
         parallel = max(levels + [16])
-        server = peers.start_supervisor(model_dir, work, parallel)
+        server = peers.start_supervisor(served_dir, work, parallel)
         procs.append(server)
         targets.append(OpenAITarget("mlxr", server.url, server.extra["model"]))
         blas = server.extra["blas"]
         print(f"blas (read from the mlxr runner, preloaded into every peer): "
               f"{blas['path'] or 'MLX own'} [{blas['config']}]", flush=True)
         if args.direct:
-            runner = peers.start_runner(model_dir, work, num_parallel=parallel, **runner_config)
+            runner = peers.start_runner(served_dir, work, num_parallel=parallel, **runner_config)
             procs.append(runner)
             targets.append(RunnerTarget("mlxr-runner", runner.url))
         if "mlx_lm" in against:
-            peer = peers.start_mlx_lm_server(model_dir, work, blas["path"])
+            peer = peers.start_mlx_lm_server(served_dir, work, blas["path"])
             procs.append(peer)
             targets.append(OpenAITarget("mlx_lm.server", peer.url, peer.extra["model"]))
         if llama_binary is not None:
@@ -119,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         # Scenarios time single tokens: the runner's protocol reports every token as it is
         # made, where the HTTP APIs only send tokens that have text.
         exact = next((t for t in targets if isinstance(t, RunnerTarget)), targets[0])
-        extra = asyncio.run(run_scenarios(args.scenarios, exact, tokenizer, model_dir,
+        extra = asyncio.run(run_scenarios(args.scenarios, exact, tokenizer, served_dir,
                                           blas["path"]))
         if wanted:
             extra["realistic"] = asyncio.run(realistic.run(
