@@ -216,7 +216,9 @@ class Scheduler:
     def _prefill_allowance(self, num_decode: int, throttle: bool) -> int:
         size = min(self.config.prefill_chunk, self.config.step_token_budget - num_decode)
         if throttle:
-            timed = self.timer.chunk_for(self.config.stall_factor * (self.timer.decode_s or 0))
+            context = self.prefilling[0].num_computed if self.prefilling else 0
+            timed = self.timer.chunk_for(self.config.stall_factor * (self.timer.decode_s or 0),
+                                         context)
             if timed is not None:
                 size = min(size, timed)
         return max(size, self.config.min_prefill_chunk)
@@ -290,7 +292,8 @@ class Scheduler:
     def observe(self, plan: StepPlan, elapsed_s: float) -> None:
         """The engine's measurement of how long `plan` took to run."""
         self.timer.observe(len(plan.decode), sum(c.end - c.start for c in plan.prefills),
-                           elapsed_s, num_chunks=len(plan.prefills))
+                           elapsed_s, num_chunks=len(plan.prefills),
+                           context=plan.prefills[0].start if plan.prefills else 0)
 
     def update(self, plan: StepPlan, result: StepResult) -> list[Sequence]:
         """Apply a step's results; returns the sequences that received a token or failed."""

@@ -1,4 +1,5 @@
-"""The prefill cost model the scheduler sizes throttled chunks with. Imports no mlx.
+"""The prefill cost model the scheduler sizes throttled chunks with. Imports no mlx (numpy for
+the least squares).
 
 Invariants:
 - `chunk_for` answers None until a decode step and a prefill have been measured, so the
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 
 class StepTimer:
     """Running estimates of a decode step's time and of a prefill chunk's cost, from the
@@ -22,55 +25,87 @@ class StepTimer:
     (a 2,000-token prompt was read 16 tokens a step). So single-chunk steps are fitted as
     fixed + per-token over the last `window` of them when their sizes differ enough; while
     they do not, a fit keeps its slope and its fixed part follows the measurements. Before
-    any fit, and for steps with several chunks, the estimate is per token (a moving average)."""
+    any fit, and for steps with several chunks, the estimate is per token (a moving average).
+
+    A chunk's tokens also attend over the context before them, which costs per token in
+    proportion to that context (at 8,000 positions the 30M model's softmax outweighs the rest
+    of the step). Fitted on size alone, chunks read at growing contexts gave a slope near 0
+    and a large fixed part, and a budget just above that fixed part bought 140-token chunks
+    that took 0.6 s. So the fit is fixed + n x (per token + per token-and-position x the
+    chunk's mean position) where the chunks' positions differ enough; `context_token_s` is
+    that last term."""
 
     def __init__(self, weight: float = 0.3, window: int = 12):
         self.weight = weight
         self.decode_s: float | None = None
         self.prefill_token_s: float | None = None
         self.prefill_fixed_s = 0.0
-        self._chunks: deque[tuple[int, float]] = deque(maxlen=window)
+        self.context_token_s = 0.0  # per token per position of context before it
+        self._chunks: deque[tuple[int, int, float]] = deque(maxlen=window)
 
     def _blend(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.weight * (new - old)
 
     def observe(self, num_decode: int, num_prefill: int, elapsed_s: float,
-                num_chunks: int = 1) -> None:
+                num_chunks: int = 1, context: int = 0) -> None:
+        """`context`: where a single chunk started (the positions it attends over before
+        its own)."""
         if num_decode and not num_prefill:
             self.decode_s = self._blend(self.decode_s, elapsed_s)
         elif num_prefill:
             decode_part = (self.decode_s or 0.0) if num_decode else 0.0
             extra = max(elapsed_s - decode_part, 0.0)
             if num_chunks == 1:
-                self._chunks.append((num_prefill, extra))
+                self._chunks.append((num_prefill, context, extra))
                 if self._fit():
                     return
                 if self.prefill_fixed_s and self.prefill_token_s:
                     # Too little spread to refit: keep the slope, move the fixed part.
-                    residual = extra - self.prefill_token_s * num_prefill
+                    residual = extra - num_prefill * (
+                        self.prefill_token_s + self.context_token_s * (context + num_prefill / 2))
                     self.prefill_fixed_s = max(self._blend(self.prefill_fixed_s, residual), 0.0)
                     return
             self.prefill_token_s = self._blend(self.prefill_token_s, extra / num_prefill)
-            self.prefill_fixed_s = 0.0
+            self.prefill_fixed_s = self.context_token_s = 0.0
 
     def _fit(self) -> bool:
-        """Least squares of cost on tokens over the recent single-chunk steps; False (keep
-        the per-token average) unless it gives a positive slope and no negative fixed part."""
-        sizes = [n for n, _ in self._chunks]
-        if len(sizes) < 4 or max(sizes) < 1.5 * min(sizes):
+        """Least squares of cost on tokens (and tokens x mean position, where positions
+        differ enough) over the recent single-chunk steps; False (keep the per-token average)
+        unless it gives a positive cost per token and no negative part."""
+        sizes = [n for n, _, _ in self._chunks]
+        if len(sizes) < 4:
             return False
-        mean_n = sum(sizes) / len(sizes)
-        mean_t = sum(t for _, t in self._chunks) / len(sizes)
-        var = sum((n - mean_n) ** 2 for n in sizes)
-        slope = sum((n - mean_n) * (t - mean_t) for n, t in self._chunks) / var
-        fixed = mean_t - slope * mean_n
-        if slope <= 0 or fixed < 0:
+        positions = [c + n / 2 for n, c, _ in self._chunks]
+        costs = np.array([t for _, _, t in self._chunks])
+        spread_n = max(sizes) >= 1.5 * min(sizes)
+        spread_c = max(positions) >= 1.5 * min(positions) + 64
+        columns = [np.ones(len(sizes))]
+        if spread_n:
+            columns.append(np.array(sizes, dtype=float))
+        if spread_c:
+            columns.append(np.array([n * p for n, p in zip(sizes, positions)]))
+        if len(columns) == 1:
             return False
-        self.prefill_token_s, self.prefill_fixed_s = slope, fixed
+        solution, *_ = np.linalg.lstsq(np.stack(columns, axis=1), costs, rcond=None)
+        fixed = float(solution[0])
+        per_token = float(solution[1]) if spread_n else 0.0
+        per_position = float(solution[-1]) if spread_c else 0.0
+        if not spread_n:  # fixed and per-token parts cannot be told apart: count it per token
+            per_token, fixed = fixed / sizes[-1], 0.0
+        if fixed < 0 or per_token < 0 or per_position < 0 or per_token + per_position <= 0:
+            return False
+        self.prefill_fixed_s, self.prefill_token_s = fixed, per_token
+        self.context_token_s = per_position
         return True
 
-    def chunk_for(self, extra_s: float) -> int | None:
-        """Prefill tokens that fit in `extra_s`, or None before there are measurements."""
-        if not self.decode_s or not self.prefill_token_s:
+    def chunk_for(self, extra_s: float, context: int = 0) -> int | None:
+        """Prefill tokens that fit in `extra_s` for a chunk starting at position `context`,
+        or None before there are measurements."""
+        if not self.decode_s or not (self.prefill_token_s or self.context_token_s):
             return None
-        return int(max(extra_s - self.prefill_fixed_s, 0.0) / self.prefill_token_s)
+        room = max(extra_s - self.prefill_fixed_s, 0.0)
+        linear = self.prefill_token_s + self.context_token_s * context
+        half = self.context_token_s / 2  # the chunk's own tokens attend over each other too
+        if half <= 0:
+            return int(room / linear)
+        return int((-linear + (linear * linear + 4 * half * room) ** 0.5) / (2 * half))
