@@ -1,0 +1,36 @@
+"""The prefill cost model (runner/step_timer.py): no mlx, hand-made step times."""
+
+from mlxr.runner.step_timer import StepTimer
+
+
+def cost(n: int, start: int) -> float:
+    """9 ms a chunk, 0.26 ms a token, and 0.26 us per token per position attended over."""
+    return 0.009 + 0.00026 * n + 0.00000026 * n * (start + n / 2)
+
+
+def test_a_chunk_deep_in_a_long_prompt_is_sized_for_the_context_it_attends_over():
+    # What a long prompt read beside decoding streams looks like: large chunks early, small
+    # ones as the context grows. Fitted on size alone, the small late chunks look like a
+    # large fixed cost and the large early ones like a small slope, so a budget just above
+    # the fixed part bought a chunk many times too long.
+    timer = StepTimer()
+    timer.observe(8, 0, 0.024)  # a decode step
+    for n, start in ((256, 0), (200, 256), (150, 456), (64, 2000), (32, 4000), (16, 6000),
+                     (16, 6016), (16, 6032)):
+        timer.observe(8, n, 0.024 + cost(n, start), context=start)
+    budget = 0.75 * 0.024
+    at_7000 = timer.chunk_for(budget, context=7000)
+    assert at_7000 is not None and cost(at_7000, 7000) <= budget * 1.05
+    assert cost(at_7000 + 8, 7000) > budget  # and not far below it either
+    at_100 = timer.chunk_for(budget, context=100)
+    assert at_100 > 2 * at_7000  # early in the prompt, tokens are cheaper
+
+
+def test_without_a_spread_of_positions_the_fit_is_on_size_alone():
+    timer = StepTimer()
+    timer.observe(8, 0, 0.024)
+    for n in (16, 32, 64, 16, 32, 64):
+        timer.observe(8, n, 0.024 + 0.009 + 0.00026 * n, context=100)
+    assert timer.context_token_s == 0.0
+    assert abs(timer.prefill_fixed_s - 0.009) < 1e-9 and abs(timer.prefill_token_s - 0.00026) < 1e-9
+    assert timer.chunk_for(0.018) == 34
