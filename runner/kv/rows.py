@@ -33,6 +33,11 @@ import mlx.core as mx
 from mlxr.runner.kv.pool import Run, Segment
 
 
+class Unsupported(Exception):
+    """A model asks the rows for something they do not do (a sliding window's mask,
+    attention sinks): `probe` fails and the model runs on the padded batch."""
+
+
 @dataclass(slots=True)
 class RunArrays:
     keys: list  # per layer: (1, kv_heads, capacity, dim) or None before the first write
@@ -194,7 +199,7 @@ class RowsLayer:
 
     def make_mask(self, num_new: int, return_array: bool = False, window_size=None):
         if window_size is not None:
-            raise NotImplementedError("sliding windows use the padded batch")
+            raise Unsupported("sliding windows use the padded batch")
         return None  # attend() masks for itself
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
@@ -258,7 +263,7 @@ _original = None
 def _attention(queries, keys, values, cache, scale, mask, sinks=None):
     if isinstance(cache, RowsLayer):
         if sinks is not None:
-            raise NotImplementedError("attention sinks use the padded batch")
+            raise Unsupported("attention sinks use the padded batch")
         return cache.attend(queries, scale)
     return _original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
