@@ -42,7 +42,6 @@ class Unsupported(Exception):
 class RunArrays:
     keys: list  # per layer: (1, kv_heads, capacity, dim) or None before the first write
     values: list
-    capacity: int = 0  # positions, from the run's start
 
     @property
     def nbytes(self) -> int:
@@ -51,7 +50,6 @@ class RunArrays:
 
 @dataclass(slots=True)
 class Row:
-    seq: object  # runner.request.Sequence
     shared: list[Segment]
     run: Run
     length: int
@@ -93,7 +91,6 @@ class RunStore:
             pad_k, pad_v = mx.zeros(shape, keys.dtype), mx.zeros(shape, values.dtype)
             old_k = pad_k if old_k is None else mx.concatenate([old_k, pad_k], axis=2)
             old_v = pad_v if old_v is None else mx.concatenate([old_v, pad_v], axis=2)
-            arrays.capacity = max(arrays.capacity, want)
         old_k[..., at:end, :] = keys
         old_v[..., at:end, :] = values
         arrays.keys[layer], arrays.values[layer] = old_k, old_v
@@ -299,7 +296,7 @@ class RowBatch:
             for layer in range(self.store.num_layers):
                 self.store.write(admission.run, layer, copy.start,
                                  src.keys[layer][..., a:b, :], src.values[layer][..., a:b, :])
-        self._rows[seq.seq_id] = Row(seq, admission.shared, admission.run, admission.cached)
+        self._rows[seq.seq_id] = Row(admission.shared, admission.run, admission.cached)
         return admission.cached
 
     def prefill_cache(self, seq) -> list[RowsLayer]:
