@@ -138,6 +138,8 @@ class Engine:
         loaded = load_model(self.config, self.blas.describe(), self._set_progress)
         self.outputs = Outputs(fast_decode(loaded.tokenizer, skip_special=True))
         self.scheduler = make_scheduler(self.config, loaded, self.outputs.stop_matched)
+        if loaded.model_step is not None:
+            self._publish_kv(loaded.model_step)  # the pool's size is known before any request
         self._read_memory()
         self.loaded = loaded
 

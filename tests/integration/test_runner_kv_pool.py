@@ -99,7 +99,13 @@ def test_a_conversation_goes_on_in_its_own_run_and_a_divergent_turn_copies_a_par
     assert out4 == reference(turn3, 12)
 
 
-def test_status_reports_the_pool_and_finished_rows_stay_cached(runner):
+def test_status_reports_the_pool_and_finished_rows_stay_cached(runner, tiny_model,
+                                                               subprocess_env):
+    # A fresh runner reports its pool's size before any request.
+    with running(tiny_model, subprocess_env, context_length=1024) as fresh:
+        s = status(fresh)
+        assert s["kv_block_size"] == BLOCK and s["kv_blocks_total"] > 0
+        assert s["kv_blocks_used"] == 0
     for _ in range(2):  # the second is served from the first's blocks
         asyncio.run(run_all(runner, [{"tokens": list(range(100, 300)), "options": greedy(4)}]))
     s = status(runner)
