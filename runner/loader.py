@@ -48,6 +48,7 @@ class LoadedModel:
     # A language model's machinery; None for an encoder, which the engine serves through
     # Engine.call only.
     model_step: ModelStep | None = None
+    vision: Any = None  # runner.vision.model.VisionModel: the model takes images
 
 
 def load_model(config: RunnerConfig, blas: str,
@@ -60,6 +61,7 @@ def load_model(config: RunnerConfig, blas: str,
     from mlxr.runner.architectures import fix_model
     from mlxr.runner.embed.embeddings import LMEmbedder, is_encoder_dir, load_encoder_embedder
     from mlxr.runner.model_step import ModelStep
+    from mlxr.runner.vision.model import load_vision, vision_family
 
     if is_encoder_dir(config.model_dir):
         emb = load_encoder_embedder(config.model_dir, config.context_length)
@@ -71,13 +73,18 @@ def load_model(config: RunnerConfig, blas: str,
                                           return_config=True)
     if adapter_path:
         log.info("applied the LoRA adapter in %s", adapter_path)
+    vision = None
+    if vision_family(model_config):
+        # mlx-lm serves the language part; the image tower comes from mlx-vlm beside it.
+        model = getattr(model, "language_model", model)
+        vision = load_vision(config.model_dir, model)
     fix_model(model, model_config)
     on_progress(0.9)
     max_context = int(model_config.get("max_position_embeddings")
                       or getattr(tokenizer, "model_max_length", 0) or 1 << 20)
     token_text = fast_decode(tokenizer, skip_special=False)
     step = ModelStep(model, config.prefix_cache_bytes, lambda token: token_text([token]),
-                     rows=config.kv_layout == "rows")
+                     rows=config.kv_layout == "rows", vision=vision)
     log.info("blas: %s", blas)
     log.info("kv cache: %s", "rows over the block pool" if step.uses_rows
              else "padded batch (this architecture does not fit the rows)")
@@ -87,8 +94,9 @@ def load_model(config: RunnerConfig, blas: str,
     vocab_size = int(model_config.get("vocab_size") or len(tokenizer._tokenizer))
     embedder = None if step.split.body is None else LMEmbedder.make(
         model, step.split.body, tokenizer, min(config.context_length, max_context), vocab_size)
+    capabilities = ["completion"] + (["vision"] if vision is not None else [])
     return LoadedModel(model, tokenizer, max_context, bytes_per_token, vocab_size,
-                       embedder=embedder, model_step=step)
+                       capabilities, embedder=embedder, model_step=step, vision=vision)
 
 
 def make_scheduler(config: RunnerConfig, loaded: LoadedModel,

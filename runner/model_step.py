@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -80,10 +81,13 @@ class _Ahead:
 
 
 class ModelStep:
-    def __init__(self, model, prefix_cache_bytes: int, detok_top, rows: bool = True):
+    def __init__(self, model, prefix_cache_bytes: int, detok_top, rows: bool = True,
+                 vision=None):
         """`rows`: use the block pool's rows where the model fits them (False: always the
-        padded batch, for comparisons)."""
+        padded batch, for comparisons). `vision`: a vision model's image side
+        (runner/vision/model.py), which gives image prompts their embeddings and positions."""
         self.model = model
+        self.vision = vision
         self.split = split_model(model)
         self.host_head = HostHead.find(model, self.split.head) if self.split.body else None
         # The head for more rows than the host head takes: MLX's, or a transposed copy of its
@@ -150,12 +154,17 @@ class ModelStep:
             seq = chunk.seq
             caches = self.kv.prefill_cache(seq)
             inputs = mx.array([seq.all_tokens[chunk.start:chunk.end]], dtype=mx.int32)
-            if chunk.is_last:
-                outputs.append(([seq], self._sample(self._logits(inputs, caches), [seq])))
-            elif self.split.body is not None:
-                self.split.body(inputs, cache=caches)
-            else:
-                self.model(inputs, cache=caches)
+            extra, rope = {}, contextlib.nullcontext()
+            if seq.vision is not None:
+                extra, rope = self.vision.prefill_inputs(seq.vision, chunk.start, chunk.end)
+            with rope:
+                if chunk.is_last:
+                    logits = self._logits(inputs, caches, **extra)
+                    outputs.append(([seq], self._sample(logits, [seq])))
+                elif self.split.body is not None:
+                    self.split.body(inputs, cache=caches, **extra)
+                else:
+                    self.model(inputs, cache=caches, **extra)
             self.kv.advance([seq], chunk.end - chunk.start)
         chunk_seqs = [c.seq for c in plan.prefills]
         mx.eval(self.kv.arrays(chunk_seqs) + [o.tokens for _, o in outputs])
@@ -180,7 +189,8 @@ class ModelStep:
                     _select(ahead.out, pick)
             self._drop_ahead()
         inputs = mx.array([[s.output_tokens[-1]] for s in self.rows], dtype=mx.int32)
-        logits = self._logits(inputs, self.kv.decode_cache())
+        with self._decode_rope():
+            logits = self._logits(inputs, self.kv.decode_cache())
         self.kv.advance(self.rows, 1)
         self._prepare_hooks(logits, self.rows)
         return self._sample(logits, self.rows)
@@ -193,7 +203,9 @@ class ModelStep:
                 self._host_head_for(len(self.rows)) or \
                 not self.kv.can_run_ahead():
             return
-        nxt = self._sample(self._logits(out.tokens[:, None], self.kv.decode_cache()), self.rows)
+        with self._decode_rope():
+            logits = self._logits(out.tokens[:, None], self.kv.decode_cache())
+        nxt = self._sample(logits, self.rows)
         self.kv.advance(self.rows, 1)
         mx.async_eval([a for a in (nxt.tokens, nxt.logprobs, nxt.top_ids, nxt.top_logprobs)
                        if a is not None])
@@ -202,11 +214,16 @@ class ModelStep:
     def _host_head_for(self, rows: int) -> bool:
         return self.host_head is not None and rows <= HOST_HEAD_MAX_ROWS
 
-    def _logits(self, inputs: mx.array, cache: list[Any]) -> mx.array:
-        """Logits (B, V) for the last position of each row of `inputs` (B, L)."""
+    def _decode_rope(self):
+        return contextlib.nullcontext() if self.vision is None else \
+            self.vision.decode_rope(self.rows)
+
+    def _logits(self, inputs: mx.array, cache: list[Any], **extra) -> mx.array:
+        """Logits (B, V) for the last position of each row of `inputs` (B, L). `extra`: an
+        image prompt's `input_embeddings`."""
         if self.split.body is None:
-            return self.model(inputs, cache=cache)[:, -1, :]
-        hidden = self.split.body(inputs, cache=cache)[:, -1, :]
+            return self.model(inputs, cache=cache, **extra)[:, -1, :]
+        hidden = self.split.body(inputs, cache=cache, **extra)[:, -1, :]
         if self._host_head_for(hidden.shape[0]):
             return self.split.logits(self.host_head(hidden))
         return self.split.logits(self.device_head(hidden))

@@ -70,6 +70,8 @@ class Sequence:
     sink: Callable[[Any], None] | None = None
     grammar: Any = None
     think_budget: Any = None  # runner.think_budget.ThinkBudget, or None
+    # An image prompt's runner.vision.model.VisionPrompt (never shifted), or None.
+    vision: Any = None
     # Attached on the engine thread: runner.sampling.Sampler and runner.outputs.TextOutput.
     sampler: Any = None
     text: Any = None
@@ -98,6 +100,14 @@ class Sequence:
         return tokens
 
     @property
+    def cache_tokens(self) -> list[int]:
+        """What the KV cache is keyed by: `all_tokens`, except that an image's positions
+        hold a key made from the image (runner/vision/model.py), not its placeholder id."""
+        if self.vision is None:
+            return self.all_tokens
+        return self.vision.cache_tokens + self.output_tokens
+
+    @property
     def history(self) -> list[int]:
         """The prompt and the whole output, shifts or not: what penalties and grammars read."""
         return self.prompt_tokens + self.output_tokens
@@ -120,11 +130,11 @@ class Sequence:
 def make_sequence(seq_id: int, tokens: list[int], options: Options, context_length: int,
                   logprobs: bool, top_logprobs: int, sink: Callable[[Any], None],
                   grammar: Any = None, return_prompt_tokens: bool = False,
-                  shift: bool = True, think_budget: Any = None) -> Sequence:
+                  shift: bool = True, think_budget: Any = None, vision: Any = None) -> Sequence:
     """A request's sequence, with no MLX state (it is built on the event loop thread).
     `context_length` is the request's effective num_ctx. Like Ollama, num_predict -1 with
     `shift` is bounded at ten contexts' worth of output; -2 (and -1 without shift) fills the
-    context."""
+    context. An image prompt (`vision`) is never shifted."""
     if options.num_predict >= 0:
         max_new = options.num_predict
     elif options.num_predict == -1 and shift:
@@ -134,5 +144,6 @@ def make_sequence(seq_id: int, tokens: list[int], options: Options, context_leng
     return Sequence(seq_id=seq_id, prompt_tokens=tokens, options=options,
                     max_new_tokens=max_new, context_length=context_length, logprobs=logprobs,
                     top_logprobs=top_logprobs, sink=sink, grammar=grammar,
-                    return_prompt_tokens=return_prompt_tokens, shift=shift,
-                    num_keep=options.num_keep, think_budget=think_budget)
+                    return_prompt_tokens=return_prompt_tokens,
+                    shift=shift and vision is None, num_keep=options.num_keep,
+                    think_budget=think_budget, vision=vision)

@@ -165,7 +165,7 @@ class Scheduler:
             return
         seq.status = status
         seq.error = error
-        self.pool.release(seq.seq_id, seq.all_tokens, seq.num_computed)
+        self.pool.release(seq.seq_id, seq.cache_tokens, seq.num_computed)
         if seq in self.waiting:
             self.waiting.remove(seq)
         elif seq in self.prefilling:
@@ -252,7 +252,7 @@ class Scheduler:
     def _requeue(self, seq: Sequence) -> None:
         """Take a running or prefilling sequence out to compute its context again."""
         (self.running if seq in self.running else self.prefilling).remove(seq)
-        self.pool.release(seq.seq_id, seq.all_tokens, seq.num_computed)
+        self.pool.release(seq.seq_id, seq.cache_tokens, seq.num_computed)
         seq.status = SeqStatus.PREEMPTED
         seq.num_computed = 0
         self._release.append(seq)
@@ -272,7 +272,7 @@ class Scheduler:
         while self.waiting and pending < allowance and \
                 self.num_active < self.config.max_running:
             seq = self.waiting[0]
-            admission = self.pool.admit(seq.seq_id, seq.all_tokens, seq.num_tokens)
+            admission = self.pool.admit(seq.seq_id, seq.cache_tokens, seq.num_tokens)
             if admission is None:
                 if not self.num_active:  # it would not fit even alone: it grew too long
                     self._finish(seq, SeqStatus.FINISHED_ERROR,
@@ -314,7 +314,7 @@ class Scheduler:
             if seq.is_finished or seq not in self.prefilling:
                 continue
             seq.num_computed = chunk.end
-            self.pool.commit(seq.seq_id, seq.all_tokens, chunk.end)
+            self.pool.commit(seq.seq_id, seq.cache_tokens, chunk.end)
             if chunk.is_last:
                 self.prefilling.remove(seq)
                 seq.status = SeqStatus.RUNNING

@@ -17,6 +17,7 @@ from mlxr.shared.config import RunnerConfig
 from mlxr.shared.errors import (ContextOverflow, InvalidModelFile, InvalidRequest, MlxrError,
                                 RunnerFailed, ServerBusy, Unauthorized)
 from mlxr.shared.ndjson import dumps_line
+from mlxr.shared.images import decode_base64_image
 from mlxr.shared.protocol import CompletionRequest, EmbedRequest, error_body
 from mlxr.shared.runner_auth import TokenCheck
 from mlxr.runner.embed.embeddings import embed
@@ -117,6 +118,11 @@ def _encode(engine: Engine, text: str, add_special: bool) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=add_special)
 
 
+def _prepare_images(engine: Engine, prompt: str, images: list[str]):
+    decoded = [decode_base64_image(data, f"image {i}") for i, data in enumerate(images)]
+    return engine.loaded.vision.prepare(prompt, decoded)
+
+
 def _check_token_ids(engine: Engine, tokens: list[int]) -> None:
     vocab = engine.loaded.vocab_size
     bad = next((t for t in tokens if not 0 <= t < vocab), None)
@@ -139,7 +145,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest("model does not support generate")
     req = CompletionRequest.from_dict(await _json(request))
     tokens = list(req.tokens or [])
-    if req.prompt:
+    vision = None
+    if req.images:
+        if engine.loaded.vision is None:
+            raise InvalidRequest("model does not support images")
+        vision = await asyncio.get_running_loop().run_in_executor(
+            None, _prepare_images, engine, req.prompt, req.images)
+        tokens = list(vision.tokens)
+    elif req.prompt:
         add_special = req.add_special if req.add_special is not None else not tokens
         tokens += await asyncio.get_running_loop().run_in_executor(
             None, _encode, engine, req.prompt, add_special)
@@ -162,7 +175,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     seq = make_sequence(next(request.app[SEQ_IDS]), tokens, req.options, num_ctx, req.logprobs,
                         req.top_logprobs, outbox.put_nowait, grammar=grammar,
                         return_prompt_tokens=req.return_prompt_tokens, shift=req.shift,
-                        think_budget=await _think_budget(engine, req, len(tokens)))
+                        think_budget=await _think_budget(engine, req, len(tokens)),
+                        vision=vision)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
     engine.submit(seq)

@@ -141,6 +141,9 @@ class CompletionRequest:
     # the budget the runner writes the tag itself. Both or neither.
     think_budget: int | None = None
     think_end: str | None = None
+    # Base64 images for a vision model; `prompt` carries the model's placeholder once for
+    # each, in order (and `tokens` must not be given with them).
+    images: list[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: Any) -> "CompletionRequest":
@@ -175,7 +178,12 @@ class CompletionRequest:
         if (budget is None) != (end is None) or (end is not None and
                                                  (not isinstance(end, str) or not end)):
             raise InvalidRequest("think_budget and think_end (a string) go together")
-        return cls(prompt=prompt, tokens=tokens, options=Options.from_dict(data.get("options")),
+        images = data.get("images") or []
+        if not isinstance(images, list) or not all(isinstance(x, str) for x in images):
+            raise InvalidRequest("images must be a list of base64 strings")
+        if images and (tokens is not None or not prompt):
+            raise InvalidRequest("images need a prompt, and no tokens")
+        return cls(images=images, prompt=prompt, tokens=tokens, options=Options.from_dict(data.get("options")),
                    logprobs=bool(data.get("logprobs")) or top > 0, top_logprobs=top, format=fmt,
                    add_special=add_special,
                    return_prompt_tokens=bool(data.get("return_prompt_tokens")),
@@ -202,6 +210,8 @@ class CompletionRequest:
             d["shift"] = False
         if self.think_budget is not None and self.think_end:
             d["think_budget"], d["think_end"] = self.think_budget, self.think_end
+        if self.images:
+            d["images"] = self.images
         return d
 
 

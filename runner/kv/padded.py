@@ -39,7 +39,7 @@ class PaddedBatch:
         caches = make_prompt_cache(self.model)
         reused = 0
         if self.prefix_cache is not None and self.supports_prefix:
-            hit = self.prefix_cache.lookup(seq.all_tokens)
+            hit = self.prefix_cache.lookup(seq.cache_tokens)
             if hit is not None and all(cache_state.restorable(c, state, hit.length)
                                        for c, state in zip(caches, hit.entry.payload)):
                 reused = hit.length
@@ -125,4 +125,4 @@ class PaddedBatch:
         payload = [cache_state.take(c, length) for c in caches]
         mx.eval([(state.keys, state.values) for state in payload])
         nbytes = sum(state.nbytes for state in payload)
-        self.prefix_cache.store(seq.all_tokens[:length], payload, nbytes)
+        self.prefix_cache.store(seq.cache_tokens[:length], payload, nbytes)

@@ -1,0 +1,1 @@
+"""Vision models: an image tower (mlx-vlm) beside the batched mlx-lm text model."""

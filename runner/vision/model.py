@@ -1,0 +1,169 @@
+"""A vision model's image side, beside the mlx-lm text model the engine batches.
+
+The text model (mlx-lm's class for the checkpoint's language part) runs in the continuous
+batch like any other; this module gives an image prompt what the text model cannot make itself:
+- `prepare` (any thread, no MLX evaluation): runs the checkpoint's processor (mlx-vlm's
+  `prepare_inputs`, so tokens and pixels match mlx-vlm's own generation) on the prompt and
+  the decoded images: the prompt's ids with each image placeholder expanded to the image's
+  tokens, the pixel arrays, and `cache_tokens` for the KV pool (below).
+- `prefill_inputs` (engine thread): for one prefill chunk, the input embeddings (the vision
+  tower's features at image positions, mlx-vlm's `get_input_embeddings`) and, for
+  multimodal-RoPE families, the chunk's three position streams (runner/vision/mrope.py).
+  The tower runs once per request, at the first chunk that reaches an image position; a
+  prompt whose images are all in the reused KV prefix never runs it.
+- `decode_rope`: the per-row RoPE deltas for a decode step.
+
+Prefix sharing: the pool keys blocks by token ids, and every position of every image holds the
+same placeholder id. `cache_tokens` replaces an image's positions with a negative key made from
+the image's SHA-256, so two images never share KV, and a repeated image (a multi-turn chat that
+resends it) does.
+
+The mlx-vlm model is loaded lazily; its token embedding is pointed at the text model's, so the
+language weights are read once (by mlx-lm) and only the vision tower's are read here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlxr.runner.vision import mrope
+from mlxr.shared.errors import InvalidRequest
+from mlxr.shared.images import DecodedImage
+
+log = logging.getLogger("mlxr.runner")
+
+# model_type -> (the config key of the image token id, the placeholder the prompt carries
+# once per image, which the processor expands)
+FAMILIES: dict[str, tuple[str, str]] = {
+    "qwen2_5_vl": ("image_token_id", "<|vision_start|><|image_pad|><|vision_end|>"),
+    "qwen2_vl": ("image_token_id", "<|vision_start|><|image_pad|><|vision_end|>"),
+}
+
+
+def vision_family(config: dict) -> str | None:
+    """The family of a checkpoint's config.json that the runner serves with images, or None."""
+    kind = config.get("model_type")
+    return kind if kind in FAMILIES and isinstance(config.get("vision_config"), dict) else None
+
+
+def image_key(digest: str) -> int:
+    """The pool key of an image's positions: negative, so never a real token id."""
+    return -1 - int(digest[:15], 16)
+
+
+@dataclass(slots=True)
+class VisionPrompt:
+    tokens: list[int]
+    cache_tokens: list[int]
+    arrays: dict[str, np.ndarray]  # the processor's pixel_values and image_grid_thw ...
+    image_positions: list[int]  # indices of image tokens in `tokens`
+    num_images: int
+    # Set on the engine thread at the first chunk that needs them.
+    embeds: Any = None  # mx.array (1, T, D)
+    positions: Any = None  # mx.array (3, 1, T), multimodal RoPE only
+    delta: int = 0
+    encoded: bool = field(default=False)
+
+    def image_from(self, start: int) -> bool:
+        return bool(self.image_positions) and self.image_positions[-1] >= start
+
+
+class VisionModel:
+    def __init__(self, model_dir: str, text_model, config: dict):
+        from mlx_vlm.utils import load_model, load_processor
+
+        self.family = vision_family(config)
+        if self.family is None:
+            raise ValueError(f"{model_dir} is not a vision model the runner serves")
+        token_key, self.placeholder = FAMILIES[self.family]
+        self.image_token_id = int(config[token_key])
+        self.vlm = load_model(Path(model_dir), lazy=True)
+        self.vlm.language_model.model.embed_tokens = text_model.model.embed_tokens
+        self.processor = load_processor(Path(model_dir))
+        self.rope = mrope.install(text_model, config)
+        log.info("vision: %s image tower (mlx-vlm), %s", self.family,
+                 "multimodal RoPE" if self.rope else "plain RoPE")
+
+    # -- any thread ------------------------------------------------------------------------
+    def prepare(self, prompt: str, images: list[DecodedImage]) -> VisionPrompt:
+        from mlx_vlm.utils import prepare_inputs
+
+        found = prompt.count(self.placeholder)
+        if found != len(images):
+            raise InvalidRequest(f"the prompt has {found} image placeholders for "
+                                 f"{len(images)} images")
+        out = prepare_inputs(self.processor, images=[im.image for im in images],
+                             prompts=[prompt], return_tensors="np")
+        arrays = {k: np.asarray(v) for k, v in out.items()
+                  if k not in ("input_ids", "attention_mask") and v is not None}
+        tokens = [int(t) for t in np.asarray(out["input_ids"])[0]]
+        positions = [i for i, t in enumerate(tokens) if t == self.image_token_id]
+        cache_tokens = list(tokens)
+        # Runs of image tokens in order are the images in order.
+        run, prev = -1, -2
+        for i in positions:
+            run += i != prev + 1
+            prev = i
+            cache_tokens[i] = image_key(images[min(run, len(images) - 1)].digest)
+        return VisionPrompt(tokens, cache_tokens, arrays, positions, len(images))
+
+    # -- engine thread ---------------------------------------------------------------------
+    def _encode(self, vp: VisionPrompt) -> None:
+        import mlx.core as mx
+
+        ids = mx.array([vp.tokens], dtype=mx.int32)
+        extra = {k: mx.array(v) for k, v in vp.arrays.items() if k != "pixel_values"}
+        pixels = mx.array(vp.arrays["pixel_values"])
+        features = self.vlm.get_input_embeddings(ids, pixels, **extra)
+        vp.embeds = features.inputs_embeds
+        if self.rope is not None:
+            vp.positions = features.position_ids
+            vp.delta = int(features.rope_deltas.reshape(-1)[0].item())
+        mx.eval([a for a in (vp.embeds, vp.positions) if a is not None])
+        vp.encoded = True
+
+    def _positions(self, vp: VisionPrompt) -> None:
+        """Multimodal RoPE positions alone (the images are all in the reused prefix)."""
+        import mlx.core as mx
+
+        extra = {k: mx.array(v) for k, v in vp.arrays.items() if k == "image_grid_thw"}
+        pos, delta = self.vlm.language_model.get_rope_index(
+            mx.array([vp.tokens], dtype=mx.int32), extra.get("image_grid_thw"))
+        vp.positions, vp.delta = pos, int(delta.reshape(-1)[0].item())
+
+    def prefill_inputs(self, vp: VisionPrompt, start: int, end: int):
+        """(keyword arguments for the text model's call, a context to run it in) for the
+        chunk [start, end) of an image prompt."""
+        if not vp.encoded and vp.image_from(start):
+            self._encode(vp)
+        if self.rope is not None and vp.positions is None:
+            self._positions(vp)
+        kwargs = {}
+        if vp.embeds is not None:
+            kwargs["input_embeddings"] = vp.embeds[:, start:end]
+        rope = contextlib.nullcontext() if self.rope is None else \
+            self.rope.use(positions=vp.positions[:, :, start:end])
+        return kwargs, rope
+
+    def decode_rope(self, seqs) -> contextlib.AbstractContextManager:
+        """The context for a decode step over `seqs` (rows in batch order)."""
+        deltas = [s.vision.delta if s.vision is not None else 0 for s in seqs]
+        if self.rope is None or not any(deltas):
+            return contextlib.nullcontext()
+        import mlx.core as mx
+
+        return self.rope.use(deltas=mx.array(deltas, dtype=mx.int32))
+
+
+def load_vision(model_dir: str, text_model) -> VisionModel | None:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    if vision_family(config) is None:
+        return None
+    return VisionModel(model_dir, text_model, config)
