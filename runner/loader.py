@@ -61,7 +61,8 @@ def load_model(config: RunnerConfig, blas: str,
     from mlxr.runner.architectures import fix_model
     from mlxr.runner.embed.embeddings import LMEmbedder, is_encoder_dir, load_encoder_embedder
     from mlxr.runner.model_step import ModelStep
-    from mlxr.runner.vision.model import load_vision, vision_family
+    from mlxr.runner.vision.model import load_vision
+    from mlxr.shared.vision import vision_family
 
     if is_encoder_dir(config.model_dir):
         emb = load_encoder_embedder(config.model_dir, config.context_length)

@@ -158,6 +158,9 @@ class Settings:
     # A registry (pull, push) that sends nothing for this long fails the transfer, and a
     # manifest must arrive whole within three times it (MLXR_REGISTRY_TIMEOUT; <= 0: no limit).
     registry_timeout_s: float = 60.0
+    # Fetch http(s) image URLs in requests on the client's behalf (MLXR_ALLOW_IMAGE_URLS=1);
+    # off by default: the server makes no outbound requests a client asks for.
+    allow_image_urls: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -208,6 +211,8 @@ class Settings:
             values["runner_module"] = env["MLXR_RUNNER_MODULE"]
         debug = env.get("MLXR_DEBUG", env.get("OLLAMA_DEBUG", ""))
         values["debug"] = debug not in ("", "0", "false")
+        values["allow_image_urls"] = env.get("MLXR_ALLOW_IMAGE_URLS", "") not in ("", "0",
+                                                                                  "false")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

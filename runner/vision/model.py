@@ -36,21 +36,9 @@ import numpy as np
 from mlxr.runner.vision import mrope
 from mlxr.shared.errors import InvalidRequest
 from mlxr.shared.images import DecodedImage
+from mlxr.shared.vision import FAMILIES, vision_family
 
 log = logging.getLogger("mlxr.runner")
-
-# model_type -> (the config key of the image token id, the placeholder the prompt carries
-# once per image, which the processor expands)
-FAMILIES: dict[str, tuple[str, str]] = {
-    "qwen2_5_vl": ("image_token_id", "<|vision_start|><|image_pad|><|vision_end|>"),
-    "qwen2_vl": ("image_token_id", "<|vision_start|><|image_pad|><|vision_end|>"),
-}
-
-
-def vision_family(config: dict) -> str | None:
-    """The family of a checkpoint's config.json that the runner serves with images, or None."""
-    kind = config.get("model_type")
-    return kind if kind in FAMILIES and isinstance(config.get("vision_config"), dict) else None
 
 
 def image_key(digest: str) -> int:

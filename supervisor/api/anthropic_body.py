@@ -200,9 +200,14 @@ def tool_result(block: dict[str, Any], at: str, names: dict[str, str]) -> dict[s
 
 
 def image_data(source: Any, at: str) -> str:
-    """A base64 image source's data (what Ollama's `images` hold); URL sources are refused."""
+    """A base64 image source's data (what Ollama's `images` hold); a URL source's URL, which
+    is fetched or refused with the request's other images (inference/images.py)."""
+    if isinstance(source, dict) and source.get("type") == "url" and \
+            isinstance(source.get("url"), str) and source["url"].startswith(("http://",
+                                                                              "https://")):
+        return source["url"]
     if not isinstance(source, dict) or source.get("type") != "base64":
-        raise InvalidRequest(f"{at}.source: only base64 image sources are supported")
+        raise InvalidRequest(f"{at}.source: only base64 and url image sources are supported")
     data = source.get("data")
     if not isinstance(data, str) or not data:
         raise InvalidRequest(f"{at}.source.data: must be base64 image data")

@@ -316,13 +316,12 @@ def content_to_ollama(content: Any, i: int) -> tuple[str, list[str]]:
 
 
 def image_data(url: Any, i: int) -> str:
-    """An input_image's data URL as base64 (Ollama's rule: data URLs only, no fetching)."""
+    """An input_image's data URL as base64; an http(s) URL as it is."""
     if not isinstance(url, str) or not url:
         raise InvalidRequest(f"input[{i}]: input_image needs an image_url (file_id is not "
                              "supported)", param="input")
     if url.startswith(("http://", "https://")):
-        raise InvalidRequest("image URLs are not supported, send base64 data URLs",
-                             param="input")
+        return url  # fetched or refused with the request's other images (inference/images.py)
     prefix = next((p for p in IMAGE_PREFIXES if url.startswith(p)), None)
     data = url[len(prefix):] if prefix else ""
     try:

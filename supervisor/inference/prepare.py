@@ -12,8 +12,9 @@ from typing import Any
 
 from mlxr.shared.errors import InvalidRequest
 from mlxr.shared.protocol import Options
+from mlxr.shared.vision import placeholder, vision_family
 from mlxr.supervisor.inference.options import check_options
-from mlxr.supervisor.inference.prompt import Renderer, renderer_for
+from mlxr.supervisor.inference.prompt import GoRenderer, Renderer, renderer_for
 from mlxr.supervisor.inference.truncate import fit_messages
 from mlxr.supervisor.inference.tool_calls import (ForcedCallParser, OutputParser, ThinkingParser,
                                                   forced_call_schema, tool_parser_for)
@@ -38,6 +39,32 @@ class Prepared:
     format_after: str | None = None
     # With thinking on, that text whatever the format (a thinking budget's forced ending).
     think_end: str | None = None
+    # The images the prompt's placeholders stand for, in order (as the request gave them;
+    # supervisor/inference/images.py makes them ready for the runner).
+    images: list[str] = field(default_factory=list)
+
+
+def image_mark(runner_dir: Path) -> str:
+    """The placeholder a vision model's prompt carries for each image."""
+    try:
+        config = json.loads((Path(runner_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    family = vision_family(config) if isinstance(config, dict) else None
+    if family is None:
+        raise InvalidRequest("this model has no image placeholder")
+    return placeholder(family)
+
+
+def with_image_marks(messages: list[dict[str, Any]], renderer: Any,
+                     runner_dir: Path) -> list[dict[str, Any]]:
+    """Messages for a Go TEMPLATE, which knows nothing of images: each image's placeholder
+    goes before its message's text. A Jinja template places image parts itself."""
+    if not isinstance(renderer, GoRenderer) or not any(m.get("images") for m in messages):
+        return messages
+    mark = image_mark(runner_dir)
+    return [{**m, "content": mark * len(m["images"]) + (m.get("content") or "")}
+            if m.get("images") else m for m in messages]
 
 
 def prepare_chat(req: ChatRequest, record: Any, store: Any, context_length: int) -> Prepared:
@@ -63,11 +90,12 @@ def prepare_chat(req: ChatRequest, record: Any, store: Any, context_length: int)
     if req.truncate:
         messages = fit_messages(messages, render, options.num_ctx or context_length,
                                 runner_dir, renderer.add_special)
-    prompt = render(messages)
+    prompt = render(with_image_marks(messages, renderer, runner_dir))
     parser = output_parser(renderer, prompt, think, _tool_parser(req, renderer, fmt))
     return Prepared(record, runner_dir, prompt, options, parser, format=fmt,
                     format_after=_format_after(renderer, prompt, think, fmt),
-                    think_end=_format_after(renderer, prompt, think, True))
+                    think_end=_format_after(renderer, prompt, think, True),
+                    images=[x for m in messages for x in m.get("images") or []])
 
 
 def prepare_generate(req: GenerateRequest, record: Any, store: Any,
@@ -83,8 +111,14 @@ def prepare_generate(req: GenerateRequest, record: Any, store: Any,
         return None
     runner_dir = store.runner_dir(record)
     renderer = renderer_for(runner_dir, record.template, req.template)
+    if req.images and req.context:
+        raise InvalidRequest("images cannot be sent with a context")
     if req.raw:
         prompt, add_special = req.prompt, True
+        if req.images:
+            mark = image_mark(runner_dir)
+            if prompt.count(mark) != len(req.images):
+                prompt = mark * len(req.images) + prompt
     elif req.suffix:
         if not renderer.supports_insert:
             raise InvalidRequest(f'"{req.model}" does not support insert')
@@ -96,14 +130,19 @@ def prepare_generate(req: GenerateRequest, record: Any, store: Any,
             messages.append({"role": "system", "content": system})
         if req.context is None:
             messages += list(record.messages or [])
-        messages.append({"role": "user", "content": req.prompt})
-        prompt, add_special = renderer.chat(messages, None, think), renderer.add_special
+        user: dict[str, Any] = {"role": "user", "content": req.prompt}
+        if req.images:
+            user["images"] = list(req.images)
+        messages.append(user)
+        prompt = renderer.chat(with_image_marks(messages, renderer, runner_dir), None, think)
+        add_special = renderer.add_special
     think = think and not req.raw
     return Prepared(record, runner_dir, prompt, merge_options(record, req.options, context_length),
                     output_parser(renderer, prompt, think),
                     add_special=add_special, context=list(req.context or []),
                     want_context=not req.raw, format=fmt,
-                    format_after=_format_after(renderer, prompt, think, fmt))
+                    format_after=_format_after(renderer, prompt, think, fmt),
+                    images=list(req.images))
 
 
 def merge_options(record: Any, request_options: dict[str, Any] | None,

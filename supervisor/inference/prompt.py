@@ -56,6 +56,9 @@ def _jinja_env() -> ImmutableSandboxedEnvironment:
 def to_hf_message(m: dict[str, Any]) -> dict[str, Any]:
     """An Ollama chat message in the shape Hugging Face chat templates expect."""
     out: dict[str, Any] = {"role": m.get("role", "user"), "content": m.get("content") or ""}
+    if m.get("images"):  # images first, then the text, as Ollama places them
+        out["content"] = [{"type": "image"} for _ in m["images"]] + \
+            [{"type": "text", "text": out["content"]}]
     if m.get("thinking"):
         out["reasoning_content"] = out["thinking"] = m["thinking"]
     if m.get("tool_calls"):

@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator
 from mlxr.shared.config import Settings
 from mlxr.shared.errors import InvalidRequest
 from mlxr.shared.protocol import CompletionRequest, EmbedRequest, EmbedResponse, Options
+from mlxr.supervisor.inference.images import ready_images
 from mlxr.supervisor.inference.prepare import (Prepared, capabilities, merge_options,
                                                prepare_chat, prepare_generate)
 from mlxr.supervisor.inference.tool_calls import OutputParser
@@ -189,6 +190,8 @@ class Service:
     async def _start(self, model: str, p: Prepared, keep_alive: float, started: float, *,
                      logprobs: bool = False, top_logprobs: int = 0,
                      shift: bool = True, think_budget: int | None = None) -> Completion:
+        images = await ready_images(p.images, self.settings.allow_image_urls) \
+            if p.images else []
         spec = self._spec(p.record, p.runner_dir, p.options)
         lease = await self.manager.acquire(spec, keep_alive)
         loaded = time.monotonic()  # Ollama's load_duration: from the request to its runner
@@ -196,7 +199,8 @@ class Service:
             request = CompletionRequest(prompt=p.prompt, options=p.options,
                                         logprobs=logprobs or top_logprobs > 0,
                                         top_logprobs=top_logprobs, format=p.format,
-                                        format_after=p.format_after, shift=shift)
+                                        format_after=p.format_after, shift=shift,
+                                        images=images)
             if think_budget is not None and p.think_end:
                 request.think_budget, request.think_end = think_budget, p.think_end
             if p.want_context or p.context:

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from mlxr.shared.errors import InvalidRequest
 from mlxr.shared.model_checks import read_safetensors_header as check_safetensors_header
+from mlxr.shared.vision import vision_family
 
 _DTYPE_NAMES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "F64": "F64", "F8_E4M3": "F8_E4M3"}
 _EMBEDDING_ARCHS = {"bert", "roberta", "xlm-roberta", "nomic_bert", "modernbert", "distilbert"}
@@ -96,6 +97,8 @@ def capabilities_for(config: Mapping[str, Any], template: str | None,
         caps.append("tools")
     if "<think>" in text or ".Think" in text:
         caps.append("thinking")
+    if vision_family(config):
+        caps.append("vision")
     return with_template_capabilities(caps, text)
 
 

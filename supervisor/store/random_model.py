@@ -1,6 +1,7 @@
 """Random-weight test models: qwen3 with the real Qwen3 tokenizer (presets tiny, small, medium),
 and one small model of every architecture we serve with a 2,048-token tokenizer (the preset
-named after the architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, granite).
+named after the architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, granite), and
+the vision preset qwen2.5-vl (supervisor/store/random_vision.py).
 
 Invariants:
 - The same arguments write the same bytes; the tiny/small/medium presets write exactly what
@@ -80,7 +81,13 @@ PRESETS: dict[str, Preset] = {
     "phi3": _arch("phi3", False, note=", LongRoPE"),
     # Untied: with Granite's embedding multiplier (12) a tied head repeats the last token.
     "granite": _arch("granite", False, note=", Granite multipliers"),
+    # A vision model (supervisor/store/random_vision.py writes it; these fields describe its
+    # language part).
+    "qwen2.5-vl": Preset(128, 2, 4, 2, 32, 256, False,
+                         "qwen2.5-vl random vision model (2 text layers, 2-block image tower)",
+                         arch="qwen2_5_vl"),
 }
+VISION_ARCHS = ("qwen2_5_vl",)
 
 
 def arch_of(name: str) -> str:
@@ -304,6 +311,10 @@ def write_random_model(dest: Path, preset: str | None = None, seed: int = 0,
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    if p.arch in VISION_ARCHS:
+        from mlxr.supervisor.store.random_vision import write_random_vision
+
+        return write_random_vision(dest, seed, dtype, _save)
     if p.vocab == VOCAB_SIZE:
         config, weights = model_config(p), make_weights(p, seed)
         config["torch_dtype"] = dtype
@@ -321,6 +332,10 @@ def write_random_model(dest: Path, preset: str | None = None, seed: int = 0,
 
 def count_parameters(preset: str) -> int:
     p = PRESETS[preset]
+    if p.arch in VISION_ARCHS:
+        from mlxr.supervisor.store.random_vision import count_parameters as vision_count
+
+        return vision_count()
     if p.vocab != VOCAB_SIZE:
         return sum(int(np.prod(shape)) for _, shape, _ in tensor_plan(p))
     per_layer = (p.hidden * p.head_dim * (2 * p.heads + 2 * p.kv_heads) + 3 * p.hidden * p.intermediate

@@ -1,0 +1,238 @@
+"""Vision models on a real `mlxr serve`: a random-weight Qwen2.5-VL (made by the store's own
+writer) through /api/chat, /api/generate, /v1/chat/completions and /v1/messages, driven by the
+official ollama, openai and anthropic clients. Greedy output with an image is token-identical to
+mlx-vlm's own generation of the same prompt and image, alone and inside a batch of text
+streams; bad images are clear 400s."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import anthropic
+import httpx
+import ollama
+import openai
+import pytest
+
+from tests.harness.images import animated_gif, b64, data_url, encoded, noise
+from tests.harness.server import serving
+
+pytestmark = pytest.mark.timeout(300)
+
+SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+MARK = "<|vision_start|><|image_pad|><|vision_end|>"
+QUESTION = "What is in this picture?"
+N = 12
+GREEDY = {"temperature": 0, "num_predict": N}
+
+
+def chat_prompt(question: str, images: int) -> str:
+    return (f"{SYSTEM}<|im_start|>user\n{MARK * images}{question}<|im_end|>\n"
+            "<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def vision_model(model_factory) -> Path:
+    return model_factory("qwen2.5-vl")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, subprocess_env, vision_model, tiny_model):
+    yield from serving(tmp_path_factory.mktemp("vision"), subprocess_env,
+                       {"vl": vision_model, "tiny": tiny_model}, MLXR_KEEP_ALIVE="10m")
+
+
+@pytest.fixture(scope="module")
+def mlx_vlm_greedy(vision_model):
+    """mlx-vlm's own greedy generation: (output token ids, prompt token count)."""
+    from mlx_vlm import load
+    from mlx_vlm.generate import stream_generate
+
+    model, processor = load(vision_model)
+    tokenizer = processor.tokenizer
+
+    def generate(prompt: str, images: list, n: int = N) -> tuple[str, int]:
+        steps = list(stream_generate(model, processor, prompt, image=images, max_tokens=n,
+                                     temperature=0.0))
+        ids = [s.token for s in steps][:n]
+        return tokenizer.decode(ids), steps[0].prompt_tokens
+
+    return generate
+
+
+@pytest.fixture(scope="module")
+def client(server) -> ollama.Client:
+    return server.client()
+
+
+def ask(client, images: list[bytes], question: str = QUESTION, **options):
+    return client.chat(model="vl", messages=[{"role": "user", "content": question,
+                                              "images": images}],
+                       options={**GREEDY, **options})
+
+
+def test_show_lists_vision_only_for_the_vision_model(client):
+    assert "vision" in client.show("vl").capabilities
+    assert "vision" not in client.show("tiny").capabilities
+    with pytest.raises(ollama.ResponseError) as err:
+        client.chat(model="tiny", messages=[{"role": "user", "content": "hi",
+                                             "images": [encoded(noise(1))]}])
+    assert err.value.status_code == 400 and 'does not support images' in err.value.error
+
+
+def test_chat_with_an_image_matches_mlx_vlm(client, mlx_vlm_greedy):
+    img = noise(1)
+    want, prompt_tokens = mlx_vlm_greedy(chat_prompt(QUESTION, 1), [img])
+    got = ask(client, [encoded(img)])
+    assert got.message.content == want
+    assert got.eval_count == N
+    # the image's tokens are counted: the processor's expanded prompt, as mlx-vlm counts it
+    assert got.prompt_eval_count == prompt_tokens
+    text_only = client.chat(model="vl", messages=[{"role": "user", "content": QUESTION}],
+                            options=GREEDY)
+    assert got.prompt_eval_count > text_only.prompt_eval_count + 2
+
+
+def test_different_images_give_different_outputs(client, mlx_vlm_greedy):
+    outs = {ask(client, [encoded(noise(seed))]).message.content for seed in (1, 2, 3)}
+    assert len(outs) == 3
+    want, _ = mlx_vlm_greedy(chat_prompt(QUESTION, 1), [noise(2)])
+    assert ask(client, [encoded(noise(2))]).message.content == want
+
+
+def test_two_images_in_one_message_match_mlx_vlm(client, mlx_vlm_greedy):
+    a, b = noise(4), noise(5, 56, 56)
+    want, _ = mlx_vlm_greedy(chat_prompt("Compare them.", 2), [a, b])
+    assert ask(client, [encoded(a), encoded(b)], "Compare them.").message.content == want
+
+
+def test_image_request_inside_seven_text_streams_keeps_its_output(client, mlx_vlm_greedy):
+    img = noise(6)
+    want, _ = mlx_vlm_greedy(chat_prompt(QUESTION, 1), [img])
+    questions = [f"Tell me about the number {i}. " * (1 + 3 * i) for i in range(7)]
+    alone = [client.chat(model="vl", messages=[{"role": "user", "content": q}],
+                         options={**GREEDY, "num_predict": 24}).message.content
+             for q in questions]
+
+    def text(q):
+        return client.chat(model="vl", messages=[{"role": "user", "content": q}],
+                           options={**GREEDY, "num_predict": 24}).message.content
+
+    with ThreadPoolExecutor(8) as pool:
+        texts = [pool.submit(text, q) for q in questions]
+        image = pool.submit(ask, client, [encoded(img)])
+        assert image.result().message.content == want
+        assert [t.result() for t in texts] == alone
+
+
+def test_generate_with_images_and_raw_prompt(client, mlx_vlm_greedy):
+    img = noise(7)
+    want, _ = mlx_vlm_greedy(chat_prompt(QUESTION, 1), [img])
+    got = client.generate(model="vl", prompt=QUESTION, images=[encoded(img)], options=GREEDY)
+    assert got.response == want
+    raw = "Picture: "
+    want_raw, _ = mlx_vlm_greedy(MARK + raw, [img])
+    got_raw = client.generate(model="vl", prompt=raw, images=[encoded(img)], raw=True,
+                              options=GREEDY)
+    assert got_raw.response == want_raw
+
+
+@pytest.mark.parametrize("fmt,kwargs", [("JPEG", {"quality": 90}), ("WEBP", {}), ("GIF", {})])
+def test_jpeg_webp_and_gif_images_are_read(client, mlx_vlm_greedy, fmt, kwargs):
+    from io import BytesIO
+
+    from PIL import Image
+
+    data = encoded(noise(8), fmt, **kwargs)
+    decoded = Image.open(BytesIO(data)).convert("RGB")
+    want, _ = mlx_vlm_greedy(chat_prompt(QUESTION, 1), [decoded])
+    assert ask(client, [data]).message.content == want
+
+
+def test_animated_gif_gives_its_first_frame(client):
+    first, second = noise(9), noise(10)
+    animated = ask(client, [animated_gif(first, second)]).message.content
+    still = ask(client, [encoded(first.convert("P"), "GIF")]).message.content
+    assert animated == still
+
+
+def test_repeated_image_reuses_the_kv_prefix(server, client):
+    img = encoded(noise(11))
+    first = [{"role": "user", "content": QUESTION, "images": [img]}]
+    reply = client.chat(model="vl", messages=first, options=GREEDY).message.content
+    follow = first + [{"role": "assistant", "content": reply},
+                      {"role": "user", "content": "And the colours?"}]
+    got = server.http().post("/v1/chat/completions", json={
+        "model": "vl", "temperature": 0, "max_tokens": 4,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": QUESTION},
+            {"type": "image_url", "image_url": {"url": data_url(img)}}]},
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "And the colours?"}]}).json()
+    cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 20  # past the image: its KV came from the first turn
+    # Another image with the same token count shares nothing past the text before it.
+    other = server.http().post("/v1/chat/completions", json={
+        "model": "vl", "temperature": 0, "max_tokens": 4,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": QUESTION},
+            {"type": "image_url", "image_url": {"url": data_url(encoded(noise(12)))}}]},
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "And the colours?"}]}).json()
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] < 20
+    assert follow  # the Ollama-shaped history the OpenAI one mirrors
+
+
+def test_openai_client_sends_an_image_url_part(server, client):
+    img = encoded(noise(13))
+    want = ask(client, [img]).message.content
+    oa = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    got = oa.chat.completions.create(model="vl", temperature=0, max_tokens=N, messages=[
+        {"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url(img)}},
+            {"type": "text", "text": QUESTION}]}])
+    assert got.choices[0].message.content == want
+
+
+def test_anthropic_client_sends_an_image_block(server, client):
+    img = encoded(noise(14))
+    want = ask(client, [img]).message.content
+    an = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    msg = an.messages.create(model="vl", max_tokens=N, extra_body={"temperature": 0},
+                             messages=[{"role": "user", "content": [
+                                 {"type": "image", "source": {"type": "base64",
+                                                              "media_type": "image/png",
+                                                              "data": b64(img)}},
+                                 {"type": "text", "text": QUESTION}]}])
+    assert msg.content[0].text == want
+
+
+@pytest.mark.parametrize("image,message", [
+    (b64(b"not an image at all"), "is not a JPEG, PNG, WebP or GIF image"),
+    ("%%%not base64%%%", "is not valid base64"),
+    (b64(encoded(noise(1))[:60]), "corrupt or truncated"),
+    (b64(encoded(noise(1), "BMP")), "BMP images are not supported"),
+    ("https://example.com/cat.png", "MLXR_ALLOW_IMAGE_URLS"),
+])
+def test_bad_images_are_clear_400s(server, image, message):
+    r = server.http().post("/api/chat", json={
+        "model": "vl", "stream": False,
+        "messages": [{"role": "user", "content": "hi", "images": [image]}]})
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"]
+
+
+def test_oversized_image_is_refused_before_decoding(server):
+    from PIL import Image
+
+    huge = encoded(Image.new("RGB", (8000, 6000)), "PNG")  # 48 Mpx, a small file
+    r = server.http().post("/api/chat", json={
+        "model": "vl", "stream": False,
+        "messages": [{"role": "user", "content": "hi", "images": [b64(huge)]}]})
+    assert r.status_code == 400 and "8000x6000" in r.json()["error"]
+    r = server.http().post("/v1/chat/completions", json={
+        "model": "vl", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url(huge)}}]}]})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
