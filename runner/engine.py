@@ -9,6 +9,9 @@ Invariants:
   read plain figures it publishes (`state`, `memory_bytes`, `kv_bytes`, the scheduler's counts).
 - A sequence gets its sampler (MLX arrays) and its text output here, when it leaves the inbox,
   and drops its sampler here when the model step has released it.
+- An image prompt whose images are not all in the cached prefix is encoded first, a stage
+  (one image-tower block) per loop turn between model steps, and joins the scheduler when its
+  embeddings are ready (runner/vision/model.py).
 - Each step's lines go to the event loop in one `deliver` call. Every request that is not
   cancelled ends with one final line: a `done` chunk, or an error line when its step fails
   (the scheduler aborts what the model step held) or the loop itself fails (then the process
@@ -17,13 +20,14 @@ Invariants:
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import os
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 
@@ -63,6 +67,10 @@ class Engine:
         self.pool_figures: dict[str, Any] = {}  # RunnerStatus's kv_block* fields
         self._kv_published_at = float("-inf")
         self.blas = loaded_blas()
+        # Image prompts whose images are being encoded, a stage per loop turn, before they
+        # reach the scheduler: (sequence, its stages), in arrival order.
+        self._encoding: collections.deque[tuple[Sequence, Iterator[None]]] = \
+            collections.deque()
 
     # -- called from other threads ------------------------------------------------------
     def start(self) -> None:
@@ -102,7 +110,8 @@ class Engine:
             memory=self.memory_bytes if loaded else 0,
             kv_bytes=self.kv_bytes, **self.pool_figures,
             active=sched.num_active if sched else 0,
-            waiting=sched.num_waiting if sched else 0, error=self.error,
+            waiting=(sched.num_waiting if sched else 0) + len(self._encoding),
+            error=self.error,
             error_kind=self.error_kind,
             capabilities=loaded.capabilities if loaded else [],
             blas_path=self.blas.path or "", blas_config=self.blas.config)
@@ -121,9 +130,11 @@ class Engine:
         self.progress = 1.0
         try:
             while not self._stopping:
-                self._drain(block=not self.scheduler.has_work)
+                self._drain(block=not (self.scheduler.has_work or self._encoding))
                 if self._stopping:
                     break
+                if self._encoding:
+                    self._encode_stage()
                 if self.loaded.model_step is not None:
                     self._step()
                 else:  # an encoder: the inbox's calls are all its work
@@ -186,7 +197,31 @@ class Engine:
         if seq.grammar is not None:
             seq.sampler.processors.append(seq.grammar)  # last: it masks after penalties and bias
         self.outputs.open(seq)
+        vision = seq.vision
+        if vision is not None and not vision.encoded and vision.image_positions and \
+                self.scheduler.pool.cached_length(seq.cache_tokens) <= \
+                vision.image_positions[-1]:
+            self._encoding.append((seq, self.loaded.vision.encode_stages(vision)))
+            return
         self.scheduler.add(seq)
+
+    def _encode_stage(self) -> None:
+        """One stage of the first image prompt's encoding; all of it when nothing else runs
+        (no stream to keep waiting). A finished (or cancelled) one joins the scheduler."""
+        seq, stages = self._encoding[0]
+        try:
+            while True:
+                if seq.cancelled or next(stages, StopIteration) is StopIteration:
+                    self._encoding.popleft()
+                    self.scheduler.add(seq)  # a cancelled one is reaped there
+                    return
+                if self.scheduler.has_work:
+                    return
+        except Exception as exc:  # this request fails, not the loop
+            log.exception("image encoding failed")
+            self._encoding.popleft()
+            self._deliver([(seq.sink, error_line(RunnerFailed(f"image encoding failed: "
+                                                              f"{exc}")))])
 
     def _step(self) -> None:
         model_step = self.loaded.model_step
@@ -231,5 +266,7 @@ class Engine:
 
     def _fail_everything(self, message: str) -> None:
         seqs = self.scheduler.abort(self.scheduler.unfinished, message)
+        seqs += [seq for seq, _ in self._encoding]
+        self._encoding.clear()
         self._deliver([(s.sink, error_line(RunnerFailed(message))) for s in seqs if s.sink])
         self.state, self.error = "error", message

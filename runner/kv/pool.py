@@ -149,6 +149,11 @@ class KVPool:
         return freed
 
     # -- sequences -----------------------------------------------------------------------
+    def cached_length(self, tokens: list[int]) -> int:
+        """How many positions of `tokens` a sequence admitted now would find cached (nothing
+        changes)."""
+        return self._match(tokens)[1] if self.share else 0
+
     def admit(self, seq_id: int, tokens: list[int], reserve: int) -> Admission | None:
         """Place a new sequence whose context is `tokens`, with room for `reserve` positions
         (at least len(tokens)). None, changing nothing, when there is no room."""

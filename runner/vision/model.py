@@ -6,11 +6,14 @@ batch like any other; this module gives an image prompt what the text model cann
   `prepare_inputs`, so tokens and pixels match mlx-vlm's own generation) on the prompt and
   the decoded images: the prompt's ids with each image placeholder expanded to the image's
   tokens, the pixel arrays, and `cache_tokens` for the KV pool (below).
+- `encode_stages` (engine thread): the image tower, a stage at a time (one block of
+  Qwen2.5-VL's tower), so the engine runs decode steps between stages and an image's encoding
+  stalls running streams no longer than a block (runner/engine.py runs it before the
+  sequence reaches the scheduler). A prompt whose images are all in the reused KV prefix
+  never runs it.
 - `prefill_inputs` (engine thread): for one prefill chunk, the input embeddings (the vision
   tower's features at image positions, mlx-vlm's `get_input_embeddings`) and, for
   multimodal-RoPE families, the chunk's three position streams (runner/vision/mrope.py).
-  The tower runs once per request, at the first chunk that reaches an image position; a
-  prompt whose images are all in the reused KV prefix never runs it.
 - `decode_rope`: the per-row RoPE deltas for a decode step.
 
 Prefix sharing: the pool keys blocks by token ids, and every position of every image holds the
@@ -25,11 +28,12 @@ language weights are read once (by mlx-lm) and only the vision tower's are read 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -103,19 +107,33 @@ class VisionModel:
         return VisionPrompt(tokens, cache_tokens, arrays, positions, len(images))
 
     # -- engine thread ---------------------------------------------------------------------
-    def _encode(self, vp: VisionPrompt) -> None:
+    def encode_stages(self, vp: VisionPrompt) -> Iterator[None]:
+        """Encode `vp`'s images a stage at a time (each `next` is one stage's MLX work), so
+        the engine runs decode steps between stages: for Qwen2.5-VL a stage is one block of
+        the image tower; other families encode in one stage."""
         import mlx.core as mx
 
+        features = None
+        if self.family == "qwen2_5_vl":
+            staged = _qwen25_tower_stages(self.vlm.vision_tower, vp)
+            for features in staged:
+                if features is None:
+                    yield
         ids = mx.array([vp.tokens], dtype=mx.int32)
         extra = {k: mx.array(v) for k, v in vp.arrays.items() if k != "pixel_values"}
-        pixels = mx.array(vp.arrays["pixel_values"])
-        features = self.vlm.get_input_embeddings(ids, pixels, **extra)
-        vp.embeds = features.inputs_embeds
+        if features is not None:
+            extra["cached_image_features"] = features
+        out = self.vlm.get_input_embeddings(ids, mx.array(vp.arrays["pixel_values"]), **extra)
+        vp.embeds = out.inputs_embeds
         if self.rope is not None:
-            vp.positions = features.position_ids
-            vp.delta = int(features.rope_deltas.reshape(-1)[0].item())
+            vp.positions = out.position_ids
+            vp.delta = int(out.rope_deltas.reshape(-1)[0].item())
         mx.eval([a for a in (vp.embeds, vp.positions) if a is not None])
         vp.encoded = True
+
+    def _encode(self, vp: VisionPrompt) -> None:
+        for _ in self.encode_stages(vp):
+            pass
 
     def _positions(self, vp: VisionPrompt) -> None:
         """Multimodal RoPE positions alone (the images are all in the reused prefix)."""
@@ -148,6 +166,43 @@ class VisionModel:
         import mlx.core as mx
 
         return self.rope.use(deltas=mx.array(deltas, dtype=mx.int32))
+
+
+def _qwen25_tower_stages(tower, vp: VisionPrompt):
+    """Qwen2.5-VL's image tower (mlx-vlm's modules, run in the order its forward pass runs
+    them), yielding None after the set-up and after each block, then the features.
+
+    The tower attends within windows in most blocks and over each whole image in the blocks
+    `fullatt_block_indexes` names; patches are reordered into windows first (in units of one
+    merged token, `spatial_merge_unit` patches) and the merger's output is put back in image
+    order at the end."""
+    import mlx.core as mx
+
+    dtype = tower.patch_embed.proj.weight.dtype
+    grid = mx.array(vp.arrays["image_grid_thw"])
+    hidden = tower.patch_embed(mx.array(vp.arrays["pixel_values"]).astype(dtype))
+    rotary = tower.rot_pos_emb(grid)
+    order, window_bounds = tower.get_window_index(grid)
+    bounds: list[int] = []
+    for b in window_bounds.tolist():  # empty windows repeat a bound: keep each once
+        if b not in bounds:
+            bounds.append(b)
+    window_bounds = mx.array(bounds, dtype=mx.int32)
+    unit, n = tower.spatial_merge_unit, hidden.shape[0]
+    hidden = hidden.reshape(n // unit, unit, -1)[order].reshape(n, -1)
+    rotary = rotary.reshape(n // unit, unit, -1)[order].reshape(n, -1)
+    frames = [(int(h) * int(w), int(t)) for t, h, w in grid.tolist()]
+    image_bounds = mx.array([0] + list(itertools.accumulate(
+        size for size, count in frames for _ in range(count))), dtype=mx.int32)
+    mx.eval(hidden, rotary)
+    yield None
+    for i, block in enumerate(tower.blocks):
+        bounds_now = image_bounds if i in tower.fullatt_block_indexes else window_bounds
+        hidden = block(hidden, cu_seqlens=bounds_now, rotary_pos_emb=rotary)
+        mx.eval(hidden)
+        yield None
+    merged = tower.merger(hidden)
+    yield merged[mx.argsort(order, axis=0)]
 
 
 def load_vision(model_dir: str, text_model) -> VisionModel | None:

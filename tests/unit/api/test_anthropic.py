@@ -59,6 +59,14 @@ def test_content_blocks_text_and_base64_image():
     assert call.chat.messages == [{"role": "user", "content": "what is\nthis?", "images": [PNG]}]
 
 
+def test_url_image_source_is_kept_for_the_service_to_fetch_or_refuse():
+    call = parse_messages(body(messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}},
+        {"type": "text", "text": "this?"}]}]))
+    assert call.chat.messages == [{"role": "user", "content": "this?",
+                                   "images": ["https://x/y.png"]}]
+
+
 def test_a_tool_round_trip_becomes_calls_then_tool_messages():
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
@@ -128,7 +136,9 @@ def test_count_tokens_needs_no_max_tokens():
     ({"messages": [{"role": "user", "content": 5}]}, "content"),
     ({"messages": [{"role": "user", "content": [{"type": "document"}]}]}, "document"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
-        "type": "url", "url": "http://x/y.png"}}]}]}, "base64"),
+        "type": "file", "file_id": "f_1"}}]}]}, "base64 and url"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "url", "url": "file:///etc/passwd"}}]}]}, "base64 and url"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
         "type": "base64", "data": "not base64!"}}]}]}, "base64"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t",

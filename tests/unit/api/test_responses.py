@@ -103,7 +103,7 @@ def test_namespaces_expand_to_qualified_functions():
     ({"model": "m", "input": [{"role": "wizard", "content": "x"}]}, "input"),
     ({"model": "m", "input": [{"role": "user", "content": [{"type": "input_file"}]}]}, "input"),
     ({"model": "m", "input": [{"role": "user", "content": [
-        {"type": "input_image", "image_url": "https://x/y.png"}]}]}, "input"),
+        {"type": "input_image", "file_id": "file_1"}]}]}, "input"),
     ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f",
                                "arguments": "{oops"}]}, "input"),
     ({"model": "m", "input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
