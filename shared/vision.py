@@ -12,6 +12,7 @@ from typing import Any
 FAMILIES: dict[str, tuple[str, str]] = {
     "qwen2_5_vl": ("image_token_id", "<|vision_start|><|image_pad|><|vision_end|>"),
     "qwen2_vl": ("image_token_id", "<|vision_start|><|image_pad|><|vision_end|>"),
+    "gemma3": ("image_token_index", "<start_of_image>"),
 }
 
 

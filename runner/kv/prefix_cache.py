@@ -43,7 +43,7 @@ class PrefixCache:
     def lookup(self, tokens: list[int]) -> Hit | None:
         if not self.entries or len(tokens) < 2:
             return None
-        query = np.asarray(tokens, dtype=np.int32)
+        query = np.asarray(tokens, dtype=np.int64)  # int64: image keys are negative 60-bit
         best: Hit | None = None
         for entry in self.entries:
             n = min(len(entry.tokens), len(query) - 1)
@@ -62,7 +62,7 @@ class PrefixCache:
         """Keep `payload` as the KV state of `tokens`; returns whether it was kept."""
         if len(tokens) < self.min_tokens or nbytes > self.max_bytes:
             return False
-        new = np.asarray(tokens, dtype=np.int32)
+        new = np.asarray(tokens, dtype=np.int64)  # int64: image keys are negative 60-bit
         keep: list[Entry] = []
         for entry in self.entries:
             n = len(entry.tokens)

@@ -54,7 +54,7 @@ def image_key(digest: str) -> int:
 class VisionPrompt:
     tokens: list[int]
     cache_tokens: list[int]
-    arrays: dict[str, np.ndarray]  # the processor's pixel_values and image_grid_thw ...
+    arrays: dict[str, np.ndarray]  # the processor's pixel_values, attention_mask, ...
     image_positions: list[int]  # indices of image tokens in `tokens`
     num_images: int
     # Set on the engine thread at the first chunk that needs them.
@@ -94,7 +94,7 @@ class VisionModel:
         out = prepare_inputs(self.processor, images=[im.image for im in images],
                              prompts=[prompt], return_tensors="np")
         arrays = {k: np.asarray(v) for k, v in out.items()
-                  if k not in ("input_ids", "attention_mask") and v is not None}
+                  if k != "input_ids" and v is not None}
         tokens = [int(t) for t in np.asarray(out["input_ids"])[0]]
         positions = [i for i, t in enumerate(tokens) if t == self.image_token_id]
         cache_tokens = list(tokens)
@@ -120,7 +120,8 @@ class VisionModel:
                 if features is None:
                     yield
         ids = mx.array([vp.tokens], dtype=mx.int32)
-        extra = {k: mx.array(v) for k, v in vp.arrays.items() if k != "pixel_values"}
+        extra = {"mask" if k == "attention_mask" else k: mx.array(v)
+                 for k, v in vp.arrays.items() if k != "pixel_values"}
         if features is not None:
             extra["cached_image_features"] = features
         out = self.vlm.get_input_embeddings(ids, mx.array(vp.arrays["pixel_values"]), **extra)

@@ -1,7 +1,7 @@
 """Random-weight test models: qwen3 with the real Qwen3 tokenizer (presets tiny, small, medium),
 and one small model of every architecture we serve with a 2,048-token tokenizer (the preset
 named after the architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, granite), and
-the vision preset qwen2.5-vl (supervisor/store/random_vision.py).
+the vision presets qwen2.5-vl and gemma3-vision (supervisor/store/random_vision.py).
 
 Invariants:
 - The same arguments write the same bytes; the tiny/small/medium presets write exactly what
@@ -86,8 +86,11 @@ PRESETS: dict[str, Preset] = {
     "qwen2.5-vl": Preset(128, 2, 4, 2, 32, 256, False,
                          "qwen2.5-vl random vision model (2 text layers, 2-block image tower)",
                          arch="qwen2_5_vl"),
+    "gemma3-vision": Preset(256, 6, 4, 2, 64, 512, True,
+                            "gemma3 random vision model (6 text layers, sliding window 64, "
+                            "2-layer SigLIP tower)", arch="gemma3_vision", vocab=2056),
 }
-VISION_ARCHS = ("qwen2_5_vl",)
+VISION_ARCHS = {"qwen2_5_vl": "qwen2_5_vl", "gemma3_vision": "gemma3"}
 
 
 def arch_of(name: str) -> str:
@@ -314,7 +317,7 @@ def write_random_model(dest: Path, preset: str | None = None, seed: int = 0,
     if p.arch in VISION_ARCHS:
         from mlxr.supervisor.store.random_vision import write_random_vision
 
-        return write_random_vision(dest, seed, dtype, _save)
+        return write_random_vision(dest, seed, dtype, _save, VISION_ARCHS[p.arch])
     if p.vocab == VOCAB_SIZE:
         config, weights = model_config(p), make_weights(p, seed)
         config["torch_dtype"] = dtype
@@ -335,7 +338,7 @@ def count_parameters(preset: str) -> int:
     if p.arch in VISION_ARCHS:
         from mlxr.supervisor.store.random_vision import count_parameters as vision_count
 
-        return vision_count()
+        return vision_count(VISION_ARCHS[p.arch])
     if p.vocab != VOCAB_SIZE:
         return sum(int(np.prod(shape)) for _, shape, _ in tensor_plan(p))
     per_layer = (p.hidden * p.head_dim * (2 * p.heads + 2 * p.kv_heads) + 3 * p.hidden * p.intermediate

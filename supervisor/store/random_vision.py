@@ -1,5 +1,6 @@
 """Random-weight vision test models: Qwen2.5-VL (preset `qwen2.5-vl`) with the real Qwen3
-tokenizer (the same vocabulary and special tokens, <|image_pad|> and its neighbours included).
+tokenizer (the same vocabulary and special tokens, <|image_pad|> and its neighbours included),
+and Gemma 3 (preset `gemma3-vision`) on the small SentencePiece-style test tokenizer.
 
 Written the way mlx-vlm's converter writes a checkpoint (the `mlx-community` layout: the
 language model under `language_model.`, the image tower under `vision_tower.`, the patch
@@ -129,17 +130,163 @@ def _draw(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -> np.nda
         return x / np.sqrt(shape[1])
     if kind == "patch":
         return x / np.sqrt(int(np.prod(shape[1:])))
+    if kind == "matrix_in":  # (in, out): a projection stored input-major
+        return x * 8 / np.sqrt(shape[0])
     if kind == "bias":
+        return x * 0.1
+    if kind == "gemma_norm":  # Gemma scales by (1 + weight)
         return x * 0.1
     return 1.0 + x * 0.1  # norm
 
 
-def count_parameters() -> int:
-    return sum(int(np.prod(shape)) for _, shape, _ in tensor_plan())
+def count_parameters(arch: str = "qwen2_5_vl") -> int:
+    plan = gemma3_tensor_plan() if arch == "gemma3" else tensor_plan()
+    return sum(int(np.prod(shape)) for _, shape, _ in plan)
 
 
-def write_random_vision(dest: Path, seed: int, dtype: str, save) -> Path:
+# -- Gemma 3 -------------------------------------------------------------------------------
+# The text part is random_model.py's gemma3 preset (six layers: five sliding, window 64, and a
+# global one) on the 2,048-token SentencePiece-style tokenizer, which gets Gemma 3's three image
+# tokens at ids 2048-2050; the image tower is SigLIP on 56x56 images (16 patches, pooled to 4
+# image tokens).
+G_VOCAB, G_HIDDEN, G_LAYERS, G_HEADS, G_KV_HEADS, G_HEAD_DIM, G_FFN = 2056, 256, 6, 4, 2, 64, 512
+G_BOI, G_EOI, G_IMAGE = 2048, 2049, 2050
+G_IMAGE_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
+G_EOS = (2, 2047)  # </s>, <|im_end|>
+S_HIDDEN, S_LAYERS, S_HEADS, S_FFN, S_PATCH, S_IMAGE, S_TOKENS = 64, 2, 2, 128, 14, 56, 16
+
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% set role = 'model' if message.role == 'assistant' else message.role %}"
+    "<start_of_turn>{{ role }}\n"
+    "{% if message.content is string %}{{ message.content }}"
+    "{% else %}{% for part in message.content %}"
+    "{% if part.type == 'image' or part.type == 'image_url' %}" + placeholder("gemma3")
+    + "{% elif part.type == 'text' %}{{ part.text }}{% endif %}"
+    "{% endfor %}{% endif %}<end_of_turn>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def gemma3_config() -> dict:
+    text = {"model_type": "gemma3_text", "hidden_size": G_HIDDEN,
+            "num_hidden_layers": G_LAYERS, "intermediate_size": G_FFN,
+            "num_attention_heads": G_HEADS, "num_key_value_heads": G_KV_HEADS,
+            "head_dim": G_HEAD_DIM, "rms_norm_eps": 1e-6, "vocab_size": G_VOCAB,
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "query_pre_attn_scalar": G_HEAD_DIM, "sliding_window": 64,
+            "sliding_window_pattern": 6, "mm_tokens_per_image": S_TOKENS,
+            "max_position_embeddings": 8192, "hidden_activation": "gelu_pytorch_tanh"}
+    vision = {"model_type": "siglip_vision_model", "num_hidden_layers": S_LAYERS,
+              "hidden_size": S_HIDDEN, "intermediate_size": S_FFN,
+              "num_attention_heads": S_HEADS, "patch_size": S_PATCH, "image_size": S_IMAGE,
+              "num_channels": 3, "layer_norm_eps": 1e-6}
+    return {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+            "text_config": text, "vision_config": vision, "image_token_index": G_IMAGE,
+            "boi_token_index": G_BOI, "eoi_token_index": G_EOI,
+            "mm_tokens_per_image": S_TOKENS, "eos_token_id": list(G_EOS), "pad_token_id": 0,
+            "vocab_size": G_VOCAB, "torch_dtype": "float32"}
+
+
+def gemma3_processor_configs() -> tuple[dict, dict]:
+    image = {"image_processor_type": "Gemma3ImageProcessor",
+             "processor_class": "Gemma3Processor",
+             "size": {"height": S_IMAGE, "width": S_IMAGE}, "resample": 2,
+             "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255,
+             "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+             "do_convert_rgb": True, "do_pan_and_scan": False}
+    return image, {"processor_class": "Gemma3Processor", "image_seq_length": S_TOKENS}
+
+
+def gemma3_tensor_plan() -> list[tuple[str, tuple[int, ...], str]]:
+    plan = [("language_model.model.embed_tokens.weight", (G_VOCAB, G_HIDDEN), "embed")]
+    q, kv = G_HEADS * G_HEAD_DIM, G_KV_HEADS * G_HEAD_DIM
+    for i in range(G_LAYERS):
+        at = f"language_model.model.layers.{i}."
+        plan += [(f"{at}self_attn.q_proj.weight", (q, G_HIDDEN), "matrix"),
+                 (f"{at}self_attn.k_proj.weight", (kv, G_HIDDEN), "matrix"),
+                 (f"{at}self_attn.v_proj.weight", (kv, G_HIDDEN), "matrix"),
+                 (f"{at}self_attn.o_proj.weight", (G_HIDDEN, q), "matrix"),
+                 (f"{at}self_attn.q_norm.weight", (G_HEAD_DIM,), "gemma_norm"),
+                 (f"{at}self_attn.k_norm.weight", (G_HEAD_DIM,), "gemma_norm"),
+                 (f"{at}mlp.gate_proj.weight", (G_FFN, G_HIDDEN), "matrix"),
+                 (f"{at}mlp.up_proj.weight", (G_FFN, G_HIDDEN), "matrix"),
+                 (f"{at}mlp.down_proj.weight", (G_HIDDEN, G_FFN), "matrix")]
+        plan += [(f"{at}{n}.weight", (G_HIDDEN,), "gemma_norm") for n in (
+            "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+            "post_feedforward_layernorm")]
+    plan.append(("language_model.model.norm.weight", (G_HIDDEN,), "gemma_norm"))
+    at = "vision_tower.vision_model."
+    # MLX's Conv2d order: (out, height, width, in)
+    plan += [(f"{at}embeddings.patch_embedding.weight", (S_HIDDEN, S_PATCH, S_PATCH, 3),
+              "patch"),
+             (f"{at}embeddings.patch_embedding.bias", (S_HIDDEN,), "bias"),
+             (f"{at}embeddings.position_embedding.weight",
+              ((S_IMAGE // S_PATCH) ** 2, S_HIDDEN), "embed")]
+    for i in range(S_LAYERS):
+        layer = f"{at}encoder.layers.{i}."
+        for x in ("q", "k", "v", "out"):
+            plan += [(f"{layer}self_attn.{x}_proj.weight", (S_HIDDEN, S_HIDDEN), "matrix"),
+                     (f"{layer}self_attn.{x}_proj.bias", (S_HIDDEN,), "bias")]
+        plan += [(f"{layer}layer_norm1.weight", (S_HIDDEN,), "norm"),
+                 (f"{layer}layer_norm1.bias", (S_HIDDEN,), "bias"),
+                 (f"{layer}mlp.fc1.weight", (S_FFN, S_HIDDEN), "matrix"),
+                 (f"{layer}mlp.fc1.bias", (S_FFN,), "bias"),
+                 (f"{layer}mlp.fc2.weight", (S_HIDDEN, S_FFN), "matrix"),
+                 (f"{layer}mlp.fc2.bias", (S_HIDDEN,), "bias"),
+                 (f"{layer}layer_norm2.weight", (S_HIDDEN,), "norm"),
+                 (f"{layer}layer_norm2.bias", (S_HIDDEN,), "bias")]
+    plan += [(f"{at}post_layernorm.weight", (S_HIDDEN,), "norm"),
+             (f"{at}post_layernorm.bias", (S_HIDDEN,), "bias"),
+             ("multi_modal_projector.mm_input_projection_weight", (S_HIDDEN, G_HIDDEN),
+              "matrix_in"),
+             ("multi_modal_projector.mm_soft_emb_norm.weight", (S_HIDDEN,), "gemma_norm")]
+    return plan
+
+
+def _gemma3_tokenizer(dest: Path) -> None:
+    """The small SentencePiece-style tokenizer with Gemma 3's image tokens added (ids 2048-2050)
+    and named the way transformers' Gemma 3 processor looks them up."""
+    from mlxr.supervisor.store.small_tokenizer import write_small_tokenizer
+
+    write_small_tokenizer(dest, "spm", 2048)
+    tok = json.loads((dest / "tokenizer.json").read_text())
+    for i, name in enumerate(G_IMAGE_TOKENS):
+        tok["model"]["vocab"][name] = G_BOI + i
+        tok["added_tokens"].append({"id": G_BOI + i, "content": name, "single_word": False,
+                                    "lstrip": False, "rstrip": False, "normalized": False,
+                                    "special": True})
+    (dest / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
+    cfg = json.loads((dest / "tokenizer_config.json").read_text())
+    cfg["additional_special_tokens"] = list(cfg["additional_special_tokens"]) + \
+        list(G_IMAGE_TOKENS)
+    cfg["extra_special_tokens"] = {"boi_token": G_IMAGE_TOKENS[0], "eoi_token": G_IMAGE_TOKENS[1],
+                                   "image_token": G_IMAGE_TOKENS[2]}
+    cfg["chat_template"] = GEMMA3_TEMPLATE
+    (dest / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def write_random_gemma3(dest: Path, seed: int, dtype: str, save) -> Path:
+    rng = np.random.default_rng((seed, zlib.crc32(b"gemma3-vision")))
+    weights = {name: _draw(rng, shape, kind).astype(np.float32)
+               for name, shape, kind in gemma3_tensor_plan()}
+    # tied head: the end-of-sequence rows of the embedding are zeroed
+    weights["language_model.model.embed_tokens.weight"][list(G_EOS)] = 0.0
+    _gemma3_tokenizer(dest)
+    cfg = gemma3_config()
+    cfg["torch_dtype"] = dtype
+    (dest / "config.json").write_text(json.dumps(cfg, indent=2))
+    image, processor = gemma3_processor_configs()
+    (dest / "preprocessor_config.json").write_text(json.dumps(image, indent=2))
+    (dest / "processor_config.json").write_text(json.dumps(processor, indent=2))
+    save(weights, dest / "model.safetensors", dtype)
+    return dest
+
+
+def write_random_vision(dest: Path, seed: int, dtype: str, save, arch: str = "qwen2_5_vl") -> Path:
     """Write the model into `dest`; `save(weights, path, dtype)` is random_model.py's."""
+    if arch == "gemma3":
+        return write_random_gemma3(dest, seed, dtype, save)
     rng = np.random.default_rng((seed, zlib.crc32(b"qwen2_5_vl")))
     weights = {name: _draw(rng, shape, kind).astype(np.float32)
                for name, shape, kind in tensor_plan()}
