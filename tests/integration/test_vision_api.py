@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.harness.images import animated_gif, b64, data_url, encoded, noise
-from tests.harness.server import serving
+from tests.harness.server import serving, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -258,3 +258,36 @@ def test_oversized_image_is_refused_before_decoding(server):
         "model": "vl", "messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": data_url(huge)}}]}]})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_image_request_keeps_stop_strings_and_structured_output(client, chat_prompt,
+                                                                 mlx_vlm_greedy):
+    img = noise(15)
+    full, _ = mlx_vlm_greedy(chat_prompt(QUESTION, 1), [img], 24)
+    cut = full.strip()[2:6]  # a stop string inside the greedy reply
+    got = ask(client, [encoded(img)], num_predict=24, stop=[cut]).message.content
+    assert cut not in got and full.startswith(got) and len(got) < len(full)
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 8}},
+              "required": ["colour"], "additionalProperties": False}
+    reply = client.chat(model="vl", format=schema, options={"temperature": 0, "num_predict": 64},
+                        messages=[{"role": "user", "content": QUESTION,
+                                   "images": [encoded(img)]}])
+    assert set(json.loads(reply.message.content)) == {"colour"}
+
+
+def test_client_leaving_during_an_image_request_frees_the_runner(server, client):
+    body = {"model": "vl", "stream": True, "options": {"temperature": 0, "num_predict": 400},
+            "messages": [{"role": "user", "content": QUESTION,
+                          "images": [b64(encoded(noise(16)))]}]}
+    with server.http().stream("POST", "/api/chat", json=body) as r:
+        for line in r.iter_lines():
+            if line and json.loads(line).get("message", {}).get("content"):
+                break  # the first token: then hang up
+
+    def in_flight() -> list[float]:
+        lines = server.http().get("/metrics").text.splitlines()
+        return [float(x.rsplit(" ", 1)[1]) for x in lines
+                if x.startswith("mlxr_runner_requests{")]
+
+    assert wait_for(lambda: in_flight() and not any(in_flight()))
+    assert ask(client, [encoded(noise(16))]).done  # and it serves the next one
