@@ -1,0 +1,56 @@
+"""A vision model as Hugging Face publishes it (`mlxr create --from DIR` of a transformers
+checkpoint: `model.*` and `visual.*` names, PyTorch's channels-first patch embedding) serves
+the same tokens as the same weights in mlx-vlm's converted layout."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from tests.harness.images import encoded, noise
+from tests.harness.server import serving
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def hf_layout(src: Path, dest: Path) -> Path:
+    """The random Qwen2.5-VL renamed and reshaped into transformers' own layout."""
+    shutil.copytree(src, dest)
+    out = {}
+    for name, value in load_file(str(src / "model.safetensors")).items():
+        if name.startswith("vision_tower."):
+            name = "visual." + name[len("vision_tower."):]
+            if name == "visual.patch_embed.proj.weight":  # (out, t, h, w, in) -> (out, in, t, h, w)
+                value = np.ascontiguousarray(value.transpose(0, 4, 1, 2, 3))
+        else:
+            name = name[len("language_model."):]
+        out[name] = value
+    save_file(out, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((dest / "config.json").read_text())
+    assert config["model_type"] == "qwen2_5_vl"
+    return dest
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, subprocess_env, model_factory):
+    mlx_dir = model_factory("qwen2.5-vl")
+    hf_dir = hf_layout(mlx_dir, tmp_path_factory.mktemp("hf") / "qwen2.5-vl")
+    yield from serving(tmp_path_factory.mktemp("vision-formats"), subprocess_env,
+                       {"mlx": mlx_dir, "hf": hf_dir}, MLXR_KEEP_ALIVE="10m")
+
+
+def test_hugging_face_layout_serves_the_same_tokens(server):
+    client = server.client()
+    assert "vision" in client.show("hf").capabilities
+    replies = {}
+    for model in ("mlx", "hf"):
+        replies[model] = [client.chat(model=model, options={"temperature": 0, "num_predict": 10},
+                                      messages=[{"role": "user", "content": "What is this?",
+                                                 "images": [encoded(noise(seed))]}])
+                          .message.content for seed in (31, 32)]
+    assert replies["hf"] == replies["mlx"] and replies["mlx"][0] != replies["mlx"][1]
