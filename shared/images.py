@@ -5,7 +5,8 @@ decodes the same bytes again for the processor.
 
 Limits: at most MAX_IMAGE_BYTES of encoded data and MAX_IMAGE_PIXELS pixels (checked from the
 header, before the pixels are decoded: a small file that expands to a huge image is refused
-without being expanded). An animated GIF gives its first frame. Every image leaves here in RGB.
+without being expanded). An animated GIF gives its first frame. Every image leaves here in RGB,
+transparent pixels over white as transformers' processors put them.
 """
 
 from __future__ import annotations
@@ -47,9 +48,15 @@ def is_remote(value: str) -> bool:
     return value.startswith(("http://", "https://"))
 
 
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n:,} bytes"
+
+
 def image_bytes(data: str, what: str = "image") -> bytes:
-    if len(data) > MAX_IMAGE_BYTES * 4 // 3 + 4:
-        raise InvalidRequest(f"{what} is larger than {MAX_IMAGE_BYTES >> 20} MiB")
+    if len(data) > MAX_IMAGE_BYTES * 4 // 3 + 4 + len(data) // 76 * 2:
+        raise InvalidRequest(f"{what} is larger than {_size(MAX_IMAGE_BYTES)}")
+    # Line breaks are skipped, as Go's decoder (Ollama's) skips them.
+    data = data.replace("\r", "").replace("\n", "")
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
@@ -64,9 +71,11 @@ def decode_image(raw: bytes, what: str = "image") -> DecodedImage:
     from PIL import Image, UnidentifiedImageError
 
     if len(raw) > MAX_IMAGE_BYTES:
-        raise InvalidRequest(f"{what} is larger than {MAX_IMAGE_BYTES >> 20} MiB")
+        raise InvalidRequest(f"{what} is larger than {_size(MAX_IMAGE_BYTES)}")
     try:
         img = Image.open(io.BytesIO(raw))
+    except Image.DecompressionBombError:  # Pillow's own check, past twice its pixel limit
+        raise InvalidRequest(f"{what} is larger than {MAX_IMAGE_PIXELS:,} pixels") from None
     except (UnidentifiedImageError, OSError, ValueError):
         raise InvalidRequest(f"{what} is not a JPEG, PNG, WebP or GIF image") from None
     if img.format not in FORMATS:
@@ -78,11 +87,32 @@ def decode_image(raw: bytes, what: str = "image") -> DecodedImage:
                              f"{MAX_IMAGE_PIXELS:,} pixels are accepted")
     try:
         img.seek(0)
-        rgb = img.convert("RGB")
-        rgb.load()
+        rgb = _to_rgb(img)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         raise InvalidRequest(f"{what} is corrupt or truncated") from None
     return DecodedImage(rgb, hashlib.sha256(raw).hexdigest(), img.format)
+
+
+def _to_rgb(img):
+    """RGB pixels as transformers' processors see them: transparency over white, 16- and
+    32-bit greyscale scaled (not clipped) to 8 bits."""
+    from PIL import Image
+
+    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+        import numpy as np
+
+        wide = np.asarray(img, dtype=np.float64)
+        top = 65535.0 if img.mode.startswith("I;16") or wide.max() > 255 else 255.0
+        img = Image.fromarray(np.clip(wide / top * 255.0 + 0.5, 0, 255).astype(np.uint8))
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA", "PA"):
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        img = Image.alpha_composite(white, rgba)
+    rgb = img.convert("RGB")
+    rgb.load()
+    return rgb
 
 
 def decode_base64_image(value: str, what: str = "image") -> DecodedImage:

@@ -169,14 +169,20 @@ class VisionModel:
         return self.rope.use(deltas=mx.array(deltas, dtype=mx.int32))
 
 
+# Attention scores one encoding stage computes at most (query rows x keys): about 5 ms of
+# softmax on the 2-core EPYC, where MLX's exp costs ~17 ns an element (docs/PERFORMANCE.md).
+STAGE_SCORES = 256 * 1024
+
+
 def _qwen25_tower_stages(tower, vp: VisionPrompt):
     """Qwen2.5-VL's image tower (mlx-vlm's modules, run in the order its forward pass runs
-    them), yielding None after the set-up and after each block, then the features.
+    them), yielding None between stages, then the features.
 
     The tower attends within windows in most blocks and over each whole image in the blocks
     `fullatt_block_indexes` names; patches are reordered into windows first (in units of one
     merged token, `spatial_merge_unit` patches) and the merger's output is put back in image
-    order at the end."""
+    order at the end. A block's attention is split by query rows into stages of at most
+    STAGE_SCORES scores, so one large image's full-attention block is no single long stall."""
     import mlx.core as mx
 
     dtype = tower.patch_embed.proj.weight.dtype
@@ -184,26 +190,57 @@ def _qwen25_tower_stages(tower, vp: VisionPrompt):
     hidden = tower.patch_embed(mx.array(vp.arrays["pixel_values"]).astype(dtype))
     rotary = tower.rot_pos_emb(grid)
     order, window_bounds = tower.get_window_index(grid)
-    bounds: list[int] = []
+    windows: list[int] = []
     for b in window_bounds.tolist():  # empty windows repeat a bound: keep each once
-        if b not in bounds:
-            bounds.append(b)
-    window_bounds = mx.array(bounds, dtype=mx.int32)
+        if b not in windows:
+            windows.append(b)
     unit, n = tower.spatial_merge_unit, hidden.shape[0]
     hidden = hidden.reshape(n // unit, unit, -1)[order].reshape(n, -1)
     rotary = rotary.reshape(n // unit, unit, -1)[order].reshape(n, -1)
     frames = [(int(h) * int(w), int(t)) for t, h, w in grid.tolist()]
-    image_bounds = mx.array([0] + list(itertools.accumulate(
-        size for size, count in frames for _ in range(count))), dtype=mx.int32)
+    images = [0] + list(itertools.accumulate(size for size, count in frames
+                                             for _ in range(count)))
     mx.eval(hidden, rotary)
     yield None
     for i, block in enumerate(tower.blocks):
-        bounds_now = image_bounds if i in tower.fullatt_block_indexes else window_bounds
-        hidden = block(hidden, cu_seqlens=bounds_now, rotary_pos_emb=rotary)
-        mx.eval(hidden)
-        yield None
+        bounds = images if i in tower.fullatt_block_indexes else windows
+        hidden = yield from _block_stages(block, hidden, bounds, rotary)
     merged = tower.merger(hidden)
     yield merged[mx.argsort(order, axis=0)]
+
+
+def _block_stages(block, hidden, bounds: list[int], rotary):
+    """One vision block (`x + attn(norm1(x))`, then `x + mlp(norm2(x))`) with each segment
+    [bounds[i], bounds[i+1]) attending within itself, in stages; returns the block's output."""
+    import mlx.core as mx
+    from mlx_vlm.models.qwen2_5_vl.vision import apply_rotary_pos_emb_vision
+
+    attn, n = block.attn, hidden.shape[0]
+    qkv = attn.qkv(block.norm1(hidden)).reshape(n, 3, attn.num_heads, -1)
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # (n, heads, dim)
+    q = apply_rotary_pos_emb_vision(q[None], rotary)[0]
+    k = apply_rotary_pos_emb_vision(k[None], rotary)[0]
+    q, k, v = (t.transpose(1, 0, 2)[None] for t in (q, k, v))  # (1, heads, n, dim)
+    mx.eval(q, k, v)
+    yield None
+    outs, pending = [], 0
+    for a, b in zip(bounds, bounds[1:]):
+        rows = max(STAGE_SCORES // max(b - a, 1), 1)
+        for s in range(a, b, rows):
+            e = min(s + rows, b)
+            outs.append(mx.fast.scaled_dot_product_attention(
+                q[:, :, s:e], k[:, :, a:b], v[:, :, a:b], scale=attn.scale))
+            pending += (e - s) * (b - a)
+            if pending >= STAGE_SCORES:
+                mx.eval(outs)
+                pending = 0
+                yield None
+    out = mx.concatenate(outs, axis=2).transpose(0, 2, 1, 3).reshape(n, -1)
+    hidden = hidden + attn.proj(out)
+    hidden = hidden + block.mlp(block.norm2(hidden))
+    mx.eval(hidden)
+    yield None
+    return hidden
 
 
 def load_vision(model_dir: str, text_model) -> VisionModel | None:

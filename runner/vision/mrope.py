@@ -86,6 +86,7 @@ def install(text_model, config: dict) -> RopeState | None:
         plain = attn.rope
         if getattr(plain, "traditional", False):
             raise ValueError("multimodal RoPE over a traditional RoPE is not supported")
-        attn.rope = MultiRope(plain, plain.dims, float(text.get("rope_theta", 1e6)),
-                              list(sections), state)
+        base = getattr(plain, "base", None) or text.get("rope_theta") or \
+            config.get("rope_theta") or 1e6
+        attn.rope = MultiRope(plain, plain.dims, float(base), list(sections), state)
     return state
