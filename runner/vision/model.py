@@ -169,9 +169,9 @@ class VisionModel:
         return self.rope.use(deltas=mx.array(deltas, dtype=mx.int32))
 
 
-# Attention scores one encoding stage computes at most (query rows x keys): about 5 ms of
+# Attention scores one encoding stage computes at most (query rows x keys): about 2.5 ms of
 # softmax on the 2-core EPYC, where MLX's exp costs ~17 ns an element (docs/PERFORMANCE.md).
-STAGE_SCORES = 256 * 1024
+STAGE_SCORES = 128 * 1024
 
 
 def _qwen25_tower_stages(tower, vp: VisionPrompt):
