@@ -14,6 +14,7 @@ from mlxr.shared.errors import InvalidRequest
 from mlxr.supervisor.cli.client import ApiClient, CliError, ServerError
 from mlxr.supervisor.cli.format import (USAGE, USAGE_PARAMETERS, USAGE_SET, USAGE_SHORTCUTS,
                                    USAGE_SHOW, metrics_summary, models_table, show_info)
+from mlxr.supervisor.cli.images import take_images
 from mlxr.supervisor.cli.progress import Progress
 from mlxr.supervisor.cli.wrap import WordWrapper, terminal_width
 from mlxr.supervisor.store.modelfile import parse_parameter
@@ -34,6 +35,7 @@ class RunOptions:
     system: str = ""
     options: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    vision: bool = False  # the model takes images: image paths in a prompt are sent
 
     def request(self, **fields: Any) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, **fields}
@@ -126,10 +128,23 @@ def load_model(client: ApiClient, opts: RunOptions) -> None:
             pass
 
 
+def _with_images(text: str, vision: bool) -> tuple[str, list[str]]:
+    """For a vision model, the text without its image paths and the images they name."""
+    if not vision:
+        return text, []
+    rest, images, files = take_images(text)
+    for path in files:
+        print(f"Added image '{path}'", file=sys.stderr)
+    return rest, images
+
+
 def run_once(client: ApiClient, opts: RunOptions, out: TextIO | None = None) -> None:
     """Generate a reply to `opts.prompt`, stream it to stdout, and print timings if verbose."""
     out = out or sys.stdout
-    body = opts.request(prompt=opts.prompt)
+    prompt, images = _with_images(opts.prompt, opts.vision)
+    body = opts.request(prompt=prompt)
+    if images:
+        body["images"] = images
     if opts.system:
         body["system"] = opts.system
     _, final = _stream(client.generate(body), _generate_parts, opts, out)
@@ -235,7 +250,11 @@ class ChatSession:
         return True
 
     def send(self, text: str) -> None:
-        self.opts.messages.append({"role": "user", "content": text})
+        text, images = _with_images(text, self.opts.vision)
+        message: dict[str, Any] = {"role": "user", "content": text}
+        if images:
+            message["images"] = images
+        self.opts.messages.append(message)
         try:
             reply = chat_turn(self.client, self.opts)
         except CliError as err:
@@ -369,7 +388,7 @@ class ChatSession:
         previous = self.opts.model
         self.opts.model = model
         try:
-            self.client.show(model)
+            info = self.client.show(model)
             load_model(self.client, self.opts)
         except ServerError as err:
             self.opts.model = previous
@@ -377,6 +396,7 @@ class ChatSession:
                   f"error: {err.message}")
             return
         self.opts.messages, self.opts.system = [], ""
+        self.opts.vision = "vision" in (info.get("capabilities") or [])
 
     def _save(self, name: str) -> None:
         body: dict[str, Any] = {"model": name, "from": self.opts.model}

@@ -152,7 +152,7 @@ def run(model, prompt, keepalive, verbose, insecure, nowordwrap, format_, think,
         opts = RunOptions(model, prompt=" ".join(parts), format=fmt, keep_alive=keepalive,
                           think=infer_think(explicit_think, capabilities),
                           hide_thinking=hidethinking, verbose=verbose,
-                          word_wrap=not nowordwrap)
+                          word_wrap=not nowordwrap, vision="vision" in capabilities)
         if chat:
             interactive(client, opts, info)
         else:

@@ -291,3 +291,26 @@ def test_client_leaving_during_an_image_request_frees_the_runner(server, client)
 
     assert wait_for(lambda: in_flight() and not any(in_flight()))
     assert ask(client, [encoded(noise(16))]).done  # and it serves the next one
+
+
+def test_mlxr_run_sends_the_image_paths_in_its_prompt(server, client, subprocess_env,
+                                                       tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "photo one.png").write_bytes(encoded(noise(17)))
+    want = client.generate(model="vl", prompt=QUESTION, images=[encoded(noise(17))],
+                           options=GREEDY).response
+    env = {**subprocess_env, "MLXR_HOST": server.url.removeprefix("http://")}
+    (tmp_path / "Modelfile").write_text(f"FROM vl\nPARAMETER temperature 0\n"
+                                        f"PARAMETER num_predict {N}\n")
+    made = subprocess.run([sys.executable, "-m", "mlxr.supervisor.cli", "create", "vl-cli",
+                           "-f", "Modelfile"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    ran = subprocess.run([sys.executable, "-m", "mlxr.supervisor.cli", "run", "vl-cli",
+                          f"./photo\\ one.png {QUESTION}"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert "Added image 'photo one.png'" in ran.stderr
+    assert ran.stdout.strip() == want.strip()
