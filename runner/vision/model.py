@@ -56,8 +56,7 @@ class VisionPrompt:
     cache_tokens: list[int]
     arrays: dict[str, np.ndarray]  # the processor's pixel_values, attention_mask, ...
     image_positions: list[int]  # indices of image tokens in `tokens`
-    num_images: int
-    # Set on the engine thread at the first chunk that needs them.
+    # Set on the engine thread, by `encode_stages` (or at the first prefill chunk).
     embeds: Any = None  # mx.array (1, T, D)
     positions: Any = None  # mx.array (3, 1, T), multimodal RoPE only
     delta: int = 0
@@ -104,13 +103,14 @@ class VisionModel:
             run += i != prev + 1
             prev = i
             cache_tokens[i] = image_key(images[min(run, len(images) - 1)].digest)
-        return VisionPrompt(tokens, cache_tokens, arrays, positions, len(images))
+        return VisionPrompt(tokens, cache_tokens, arrays, positions)
 
     # -- engine thread ---------------------------------------------------------------------
     def encode_stages(self, vp: VisionPrompt) -> Iterator[None]:
         """Encode `vp`'s images a stage at a time (each `next` is one stage's MLX work), so
-        the engine runs decode steps between stages: for Qwen2.5-VL a stage is one block of
-        the image tower; other families encode in one stage."""
+        the engine runs decode steps between stages: for Qwen2.5-VL a stage is a piece of
+        one block of the image tower (`_qwen25_tower_stages`); other families encode in one
+        stage. The last stage merges the features into the prompt's input embeddings."""
         import mlx.core as mx
 
         features = None
