@@ -10,7 +10,7 @@ from typing import Any
 from mlxr.shared.errors import InvalidRequest
 
 from .modelfile import normalize_parameters, parse_modelfile
-from .random_model import ARCH_NAMES, DTYPES, PRESETS
+from .random_model import ARCH_NAMES, DTYPES, PRESETS, VISION_ARCHS
 from .sources import check_file_name
 
 
@@ -89,8 +89,12 @@ def _random_spec(value: Any) -> RandomSpec:
     dtype = value.get("dtype", "float32")
     if preset not in PRESETS:
         raise InvalidRequest(f'unknown random preset "{preset}"; choose a size ('
-                             + ", ".join(p for p in PRESETS if p not in ARCH_NAMES)
-                             + ") or an architecture (" + ", ".join(ARCH_NAMES) + ")")
+                             + ", ".join(p for p in PRESETS if p not in ARCH_NAMES
+                                         and PRESETS[p].arch not in VISION_ARCHS)
+                             + "), an architecture (" + ", ".join(ARCH_NAMES)
+                             + ") or a vision model ("
+                             + ", ".join(p for p in PRESETS if PRESETS[p].arch in VISION_ARCHS)
+                             + ")")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise InvalidRequest("random.seed must be a non-negative integer")
     if dtype not in DTYPES:
