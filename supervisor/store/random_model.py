@@ -1,7 +1,7 @@
 """Random-weight test models: qwen3 with the real Qwen3 tokenizer (presets tiny, small, medium),
 and one small model of every architecture we serve with a 2,048-token tokenizer (the preset
 named after the architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, granite), and
-the vision presets qwen2.5-vl and gemma3-vision (supervisor/store/random_vision.py).
+the vision presets qwen2.5-vl, qwen2-vl and gemma3-vision (supervisor/store/random_vision.py).
 
 Invariants:
 - The same arguments write the same bytes; the tiny/small/medium presets write exactly what
@@ -86,11 +86,14 @@ PRESETS: dict[str, Preset] = {
     "qwen2.5-vl": Preset(128, 2, 4, 2, 32, 256, False,
                          "qwen2.5-vl random vision model (2 text layers, 2-block image tower)",
                          arch="qwen2_5_vl"),
+    "qwen2-vl": Preset(128, 2, 4, 2, 32, 256, False,
+                       "qwen2-vl random vision model (2 text layers, 2-block image tower)",
+                       arch="qwen2_vl"),
     "gemma3-vision": Preset(256, 6, 4, 2, 64, 512, True,
                             "gemma3 random vision model (6 text layers, sliding window 64, "
                             "2-layer SigLIP tower)", arch="gemma3_vision", vocab=2056),
 }
-VISION_ARCHS = {"qwen2_5_vl": "qwen2_5_vl", "gemma3_vision": "gemma3"}
+VISION_ARCHS = {"qwen2_5_vl": "qwen2_5_vl", "qwen2_vl": "qwen2_vl", "gemma3_vision": "gemma3"}
 
 
 def arch_of(name: str) -> str:

@@ -1,5 +1,6 @@
-"""Random-weight vision test models: Qwen2.5-VL (preset `qwen2.5-vl`) with the real Qwen3
-tokenizer (the same vocabulary and special tokens, <|image_pad|> and its neighbours included),
+"""Random-weight vision test models: Qwen2.5-VL and Qwen2-VL (presets `qwen2.5-vl`, `qwen2-vl`)
+with the real Qwen3 tokenizer (the same vocabulary and special tokens, <|image_pad|> and its
+neighbours included),
 and Gemma 3 (preset `gemma3-vision`) on the small SentencePiece-style test tokenizer.
 
 Written the way mlx-vlm's converter writes a checkpoint (the `mlx-community` layout: the
@@ -47,7 +48,22 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def config() -> dict:
+def config(arch: str = "qwen2_5_vl") -> dict:
+    """Qwen2.5-VL's config, or Qwen2-VL's (`arch` "qwen2_vl": the same text model, a tower
+    without windows, LayerNorms and a GELU MLP)."""
+    cfg = _qwen25_config()
+    if arch == "qwen2_vl":
+        cfg["model_type"] = cfg["vision_config"]["model_type"] = "qwen2_vl"
+        cfg["architectures"] = ["Qwen2VLForConditionalGeneration"]
+        cfg["vision_config"] = {
+            "model_type": "qwen2_vl", "depth": V_DEPTH, "embed_dim": V_HIDDEN,
+            "hidden_size": HIDDEN, "num_heads": V_HEADS, "mlp_ratio": V_FFN // V_HIDDEN,
+            "patch_size": PATCH, "spatial_patch_size": PATCH, "spatial_merge_size": MERGE,
+            "temporal_patch_size": TEMPORAL, "in_channels": 3}
+    return cfg
+
+
+def _qwen25_config() -> dict:
     return {
         "model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"],
         "hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "intermediate_size": FFN,
@@ -68,9 +84,10 @@ def config() -> dict:
     }
 
 
-def processor_config() -> dict:
+def processor_config(arch: str = "qwen2_5_vl") -> dict:
     return {"image_processor_type": "Qwen2VLImageProcessor",
-            "processor_class": "Qwen2_5_VLProcessor",
+            "processor_class": "Qwen2VLProcessor" if arch == "qwen2_vl" else
+            "Qwen2_5_VLProcessor",
             "min_pixels": 3136, "max_pixels": 12544, "patch_size": PATCH,
             "temporal_patch_size": TEMPORAL, "merge_size": MERGE,
             "image_mean": [0.48145466, 0.4578275, 0.40821073],
@@ -78,7 +95,7 @@ def processor_config() -> dict:
             "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True}
 
 
-def tensor_plan() -> list[tuple[str, tuple[int, ...], str]]:
+def tensor_plan(arch: str = "qwen2_5_vl") -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape, kind) of every weight, in creation order; kinds as random_model.py's."""
     head_dim = HIDDEN // HEADS
     plan = [("language_model.model.embed_tokens.weight", (VOCAB_SIZE, HIDDEN), "embed")]
@@ -99,6 +116,8 @@ def tensor_plan() -> list[tuple[str, tuple[int, ...], str]]:
              # MLX's Conv3d order: (out, time, height, width, in)
              ("vision_tower.patch_embed.proj.weight", (V_HIDDEN, TEMPORAL, PATCH, PATCH, 3),
               "patch")]
+    if arch == "qwen2_vl":
+        return plan + _qwen2_tower_plan()
     for i in range(V_DEPTH):
         at = f"vision_tower.blocks.{i}."
         plan += [(f"{at}norm1.weight", (V_HIDDEN,), "norm"),
@@ -122,6 +141,31 @@ def tensor_plan() -> list[tuple[str, tuple[int, ...], str]]:
     return plan
 
 
+def _qwen2_tower_plan() -> list[tuple[str, tuple[int, ...], str]]:
+    """Qwen2-VL's tower after the patch embedding: LayerNorms with biases, a GELU MLP."""
+    plan = []
+    for i in range(V_DEPTH):
+        at = f"vision_tower.blocks.{i}."
+        for norm in ("norm1", "norm2"):
+            plan += [(f"{at}{norm}.weight", (V_HIDDEN,), "norm"),
+                     (f"{at}{norm}.bias", (V_HIDDEN,), "bias")]
+        plan += [(f"{at}attn.qkv.weight", (3 * V_HIDDEN, V_HIDDEN), "matrix"),
+                 (f"{at}attn.qkv.bias", (3 * V_HIDDEN,), "bias"),
+                 (f"{at}attn.proj.weight", (V_HIDDEN, V_HIDDEN), "matrix"),
+                 (f"{at}attn.proj.bias", (V_HIDDEN,), "bias"),
+                 (f"{at}mlp.fc1.weight", (V_FFN, V_HIDDEN), "matrix"),
+                 (f"{at}mlp.fc1.bias", (V_FFN,), "bias"),
+                 (f"{at}mlp.fc2.weight", (V_HIDDEN, V_FFN), "matrix"),
+                 (f"{at}mlp.fc2.bias", (V_HIDDEN,), "bias")]
+    merged = V_HIDDEN * MERGE * MERGE
+    return plan + [("vision_tower.merger.ln_q.weight", (V_HIDDEN,), "norm"),
+                   ("vision_tower.merger.ln_q.bias", (V_HIDDEN,), "bias"),
+                   ("vision_tower.merger.mlp.0.weight", (merged, merged), "matrix"),
+                   ("vision_tower.merger.mlp.0.bias", (merged,), "bias"),
+                   ("vision_tower.merger.mlp.2.weight", (HIDDEN, merged), "matrix"),
+                   ("vision_tower.merger.mlp.2.bias", (HIDDEN,), "bias")]
+
+
 def _draw(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -> np.ndarray:
     x = rng.standard_normal(shape, dtype=np.float32)
     if kind == "embed":
@@ -140,7 +184,7 @@ def _draw(rng: np.random.Generator, shape: tuple[int, ...], kind: str) -> np.nda
 
 
 def count_parameters(arch: str = "qwen2_5_vl") -> int:
-    plan = gemma3_tensor_plan() if arch == "gemma3" else tensor_plan()
+    plan = gemma3_tensor_plan() if arch == "gemma3" else tensor_plan(arch)
     return sum(int(np.prod(shape)) for _, shape, _ in plan)
 
 
@@ -287,18 +331,19 @@ def write_random_vision(dest: Path, seed: int, dtype: str, save, arch: str = "qw
     """Write the model into `dest`; `save(weights, path, dtype)` is random_model.py's."""
     if arch == "gemma3":
         return write_random_gemma3(dest, seed, dtype, save)
-    rng = np.random.default_rng((seed, zlib.crc32(b"qwen2_5_vl")))
+    rng = np.random.default_rng((seed, zlib.crc32(arch.encode())))
     weights = {name: _draw(rng, shape, kind).astype(np.float32)
-               for name, shape, kind in tensor_plan()}
+               for name, shape, kind in tensor_plan(arch)}
     weights["language_model.lm_head.weight"][list(EOS_IDS)] = 0.0
     write_qwen3_tokenizer(dest)
     tok_config_path = dest / "tokenizer_config.json"
     tok_config = json.loads(tok_config_path.read_text())
     tok_config["chat_template"] = CHAT_TEMPLATE
     tok_config_path.write_text(json.dumps(tok_config, indent=2))
-    cfg = config()
+    cfg = config(arch)
     cfg["torch_dtype"] = dtype
     (dest / "config.json").write_text(json.dumps(cfg, indent=2))
-    (dest / "preprocessor_config.json").write_text(json.dumps(processor_config(), indent=2))
+    (dest / "preprocessor_config.json").write_text(json.dumps(processor_config(arch),
+                                                              indent=2))
     save(weights, dest / "model.safetensors", dtype)
     return dest

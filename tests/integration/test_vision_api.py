@@ -25,10 +25,12 @@ QUESTION = "What is in this picture?"
 N = 12
 GREEDY = {"temperature": 0, "num_predict": N}
 # preset -> (the image placeholder, the chat prompt of one user turn as its template renders it)
+QWEN = ("<|vision_start|><|image_pad|><|vision_end|>",
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\n{images}{question}<|im_end|>\n<|im_start|>assistant\n")
 FAMILIES = {
-    "qwen2.5-vl": ("<|vision_start|><|image_pad|><|vision_end|>",
-                   "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-                   "<|im_start|>user\n{images}{question}<|im_end|>\n<|im_start|>assistant\n"),
+    "qwen2.5-vl": QWEN,
+    "qwen2-vl": QWEN,
     "gemma3-vision": ("<start_of_image>",
                       "<s><start_of_turn>user\n{images}{question}<end_of_turn>\n"
                       "<start_of_turn>model\n"),
