@@ -128,7 +128,8 @@ def test_two_images_in_one_message_match_mlx_vlm(client, mlx_vlm_greedy, chat_pr
     assert ask(client, [encoded(a), encoded(b)], "Compare them.").message.content == want
 
 
-def test_image_request_inside_seven_text_streams_keeps_its_output(client, mlx_vlm_greedy, chat_prompt):
+def test_image_request_inside_seven_text_streams_keeps_its_output(client, mlx_vlm_greedy,
+                                                                  chat_prompt):
     img = noise(6)
     want, _ = mlx_vlm_greedy(chat_prompt(QUESTION, 1), [img])
     questions = [f"Tell me about the number {i}. " * (1 + 3 * i) for i in range(7)]
