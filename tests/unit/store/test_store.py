@@ -140,7 +140,8 @@ def test_replacing_a_model_collects_its_old_layers(store, tmp_path):
     ({"model": "x"}, InvalidRequest, "neither"),
     ({"model": "x", "from": "/no/such/dir"}, InvalidRequest, "not a directory"),
     ({"model": "x", "random": {"preset": "huge"}}, InvalidRequest,
-     "or an architecture (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, granite)"),
+     "an architecture (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, granite) "
+     "or a vision model (qwen2.5-vl, qwen2-vl, gemma3-vision)"),
     ({"model": "x", "random": {"preset": "llama", "dtype": "int8"}}, InvalidRequest,
      'unknown random dtype "int8"'),
     ({"model": "x", "random": {}, "quantize": "q3_K_M"}, InvalidRequest,
