@@ -25,7 +25,7 @@ from aiohttp import web
 from mlxr.shared.config import Settings, is_loopback_host
 from mlxr.shared.errors import ServerBusy
 from mlxr.supervisor.api import metrics as metrics_api
-from mlxr.supervisor.api import anthropic, ollama, openai
+from mlxr.supervisor.api import anthropic, health, ollama, openai
 from mlxr.supervisor.api import store as store_api
 from mlxr.supervisor.api.keys import METRICS, SERVICE, STORE, VERSION
 from mlxr.supervisor.api.middleware import (Cors, Drain, HostCheck, error_middleware,
@@ -68,6 +68,8 @@ ROUTES = [
     web.post("/api/embed", ollama.embed),
     web.post("/api/embeddings", ollama.embeddings_legacy),
     web.get("/metrics", metrics_api.metrics),
+    web.get("/health", health.health),
+    web.get("/ready", health.ready),
     *STORE_ROUTES,
     # OpenAI's API
     web.post("/v1/chat/completions", openai.chat_completions),

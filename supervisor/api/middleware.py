@@ -31,7 +31,7 @@ from mlxr.shared.errors import Forbidden, MlxrError, ServerBusy, Unauthorized
 
 log = logging.getLogger("mlxr.http")
 
-OPEN_PATHS = ("/", "/api/version", "/metrics")
+OPEN_PATHS = ("/", "/api/version", "/metrics", "/health", "/ready")
 
 
 # -- errors ------------------------------------------------------------------------------------
