@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages mlxr uses on Linux: OpenBLAS (several times faster float32 matmuls than the
 # mlx CPU wheel's reference BLAS; the fallback for the cmeel-openblas wheel, and it brings the
-# libgfortran that wheel links) and docker-registry (a real OCI registry for the store tests).
+# libgfortran that wheel links), docker-registry (a real OCI registry for the store tests) and
+# systemd (systemd-analyze, for the service unit's tests).
 # Installs only what is missing, and only where apt-get and root (or sudo) are available.
 set -u
 [ "$(uname -s)" = Linux ] || exit 0
@@ -10,6 +11,8 @@ want=()
 [ -e /usr/lib/x86_64-linux-gnu/libopenblas.so.0 ] || [ -e /usr/lib/aarch64-linux-gnu/libopenblas.so.0 ] || want+=(libopenblas0-pthread)
 if [ "${1:-}" = --test ]; then
   command -v docker-registry >/dev/null 2>&1 || [ -x /usr/bin/docker-registry ] || want+=(docker-registry)
+  # systemd-analyze checks the unit `mlxr service install` writes (nothing is started)
+  command -v systemd-analyze >/dev/null 2>&1 || want+=(systemd)
 fi
 [ ${#want[@]} -eq 0 ] && exit 0
 sudo=""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 from typing import Any
 
@@ -298,6 +299,51 @@ def stop(model) -> None:
             if err.status == 404:
                 raise CliError(f'couldn\'t find model "{model}" to stop') from None
             raise
+
+
+@main.group()
+def service() -> None:
+    """Run `mlxr serve` as your login service (a systemd user unit, or a launchd agent on
+    macOS), restarted when it crashes."""
+
+
+@service.command("install")
+@click.option("--no-start", is_flag=True, help="Write the service file; do not start it")
+def service_install(no_start) -> None:
+    """Install (or update) the service with this shell's MLXR_*/OLLAMA_* settings."""
+    from mlxr.supervisor.cli import service as svc
+
+    path = svc.install(svc.Platform.here(), os.environ, start=not no_start)
+    click.echo(f"installed {path}")
+
+
+@service.command("uninstall")
+def service_uninstall() -> None:
+    """Stop and remove the service."""
+    from mlxr.supervisor.cli import service as svc
+
+    platform = svc.Platform.here()
+    click.echo(f"removed {platform.path}" if svc.uninstall(platform) else
+               "no mlxr service is installed")
+
+
+@service.command("status")
+def service_status() -> None:
+    """The service manager's view of the service."""
+    from mlxr.supervisor.cli import service as svc
+
+    platform = svc.Platform.here()
+    if not platform.path.exists():
+        raise click.ClickException("no mlxr service is installed (mlxr service install)")
+    sys.exit(svc.run_manager(platform, "status"))
+
+
+@service.command("logs")
+def service_logs() -> None:
+    """The service's recent log lines."""
+    from mlxr.supervisor.cli import service as svc
+
+    sys.exit(svc.run_manager(svc.Platform.here(), "logs"))
 
 
 @main.command(add_help_option=False,
