@@ -161,6 +161,9 @@ class Settings:
     # Fetch http(s) image URLs in requests on the client's behalf (MLXR_ALLOW_IMAGE_URLS=1);
     # off by default: the server makes no outbound requests a client asks for.
     allow_image_urls: bool = False
+    # The server's pid file and rotating log file go here (MLXR_STATE_DIR), named after the
+    # address it serves (supervisor/server_files.py).
+    state_dir: Path = Path.home() / ".mlxr"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -207,6 +210,8 @@ class Settings:
             env.get("XDG_CACHE_HOME") and str(Path(env["XDG_CACHE_HOME"]) / "mlxr"))
         if cache:
             values["cache_dir"] = Path(cache).expanduser()
+        if env.get("MLXR_STATE_DIR"):
+            values["state_dir"] = Path(env["MLXR_STATE_DIR"]).expanduser()
         if env.get("MLXR_RUNNER_MODULE"):
             values["runner_module"] = env["MLXR_RUNNER_MODULE"]
         debug = env.get("MLXR_DEBUG", env.get("OLLAMA_DEBUG", ""))

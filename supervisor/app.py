@@ -13,6 +13,7 @@ stream, every runner is stopped, and it returns (exit status 0).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -152,7 +153,14 @@ def serve(settings: Settings, app: web.Application | None = None) -> None:
     if settings.socket_path is None:
         log.info("Listening on %s:%d (version %s), models in %s", settings.host, settings.port,
                  version(), settings.models_dir)
-        web.run_app(app, host=settings.host, port=settings.port, **options)
+        try:
+            web.run_app(app, host=settings.host, port=settings.port, **options)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise OSError(exc.errno, f"{settings.host}:{settings.port} is already in use "
+                                         "by another program (no mlxr server's pid file "
+                                         "names it)") from None
+            raise
         return
     path = settings.socket_path
     sock = bind_unix_socket(path)

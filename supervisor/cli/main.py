@@ -88,7 +88,7 @@ def make_client() -> ApiClient:
 @click.option("--context-length", type=int, help="default context length (num_ctx)")
 def serve(host, models, max_loaded_models, num_parallel, context_length) -> None:
     """Start the server."""
-    from mlxr.supervisor import app
+    from mlxr.supervisor import app, server_files
 
     try:
         socket_path = parse_socket(host) if host else None
@@ -98,7 +98,12 @@ def serve(host, models, max_loaded_models, num_parallel, context_length) -> None
         if host and not socket_path:  # the flag's TCP address wins over a socket in MLXR_HOST
             settings = dataclasses.replace(settings, socket_path=None)
         setup_logging(settings.debug)
-        app.serve(settings)
+        pid_file = server_files.claim_pid_file(settings)
+        try:
+            server_files.add_log_file(settings)
+            app.serve(settings)
+        finally:
+            server_files.release_pid_file(pid_file)
     except (OSError, ValueError) as exc:  # bad settings, or the listener could not be made
         raise click.ClickException(str(exc)) from None
 

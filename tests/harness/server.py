@@ -98,7 +98,7 @@ def start_server(tmp: Path, base_env: dict[str, str], models_dir: Path | None = 
     models_dir.mkdir(parents=True, exist_ok=True)
     address = f"unix://{socket_path}" if socket_path else f"127.0.0.1:{port}"
     full_env = {**base_env, "MLXR_HOST": address, "MLXR_MODELS": str(models_dir),
-                "OLLAMA_HOST": address, **env}
+                "OLLAMA_HOST": address, "MLXR_STATE_DIR": str(tmp / "state"), **env}
     full_env.pop("HTTP_PROXY", None)
     full_env.pop("http_proxy", None)
     log_path = tmp / f"serve-{port}.log"
