@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from mlxr.shared.config_file import config_path, read_config
 from mlxr.shared.errors import InvalidRequest
 
 DEFAULT_PORT = 11434
@@ -167,64 +168,99 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        """The defaults, then the config file (shared/config_file.py), then the environment,
+        then `overrides` (command-line flags; None means not given)."""
+        return cls.load(env, **overrides)[0]
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None,
+             **overrides: Any) -> tuple["Settings", dict[str, str]]:
+        """The settings and where each one that is not a default came from: "file PATH",
+        "environment" or "flag"."""
         env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        host = env.get("MLXR_HOST") or env.get("OLLAMA_HOST")
-        if host and parse_socket(host) is not None:
-            values["socket_path"], host = parse_socket(host), None
-        if host:
-            values["host"], values["port"] = parse_host(host)
-        models = env.get("MLXR_MODELS")
-        if models:
-            values["models_dir"] = Path(models).expanduser()
-        if "MLXR_KEEP_ALIVE" in env or "OLLAMA_KEEP_ALIVE" in env:
-            values["keep_alive_s"] = parse_duration(
-                env.get("MLXR_KEEP_ALIVE") or env.get("OLLAMA_KEEP_ALIVE"))
-        for name, key, conv in (
-            ("max_loaded_models", "MAX_LOADED_MODELS", int),
-            ("num_parallel", "NUM_PARALLEL", int),
-            ("max_queue", "MAX_QUEUE", int),
-            ("context_length", "CONTEXT_LENGTH", int),
-            ("load_timeout_s", "LOAD_TIMEOUT", parse_duration),
-            ("prefix_cache_bytes", "PREFIX_CACHE_BYTES", _parse_bytes),
-            ("kv_layout", "KV_LAYOUT", _parse_kv_layout),
-            ("memory_margin_bytes", "MEMORY_MARGIN", _parse_bytes),
-            ("max_request_bytes", "MAX_REQUEST_BYTES", _parse_bytes),
-            ("shutdown_grace_s", "SHUTDOWN_GRACE", lambda v: max(0.0, parse_duration(v))),
-            ("max_load_failures", "MAX_LOAD_FAILURES", int),
-            ("load_failure_cooldown_s", "LOAD_FAILURE_COOLDOWN", parse_duration),
-            ("registry_timeout_s", "REGISTRY_TIMEOUT", parse_duration),
-        ):
-            raw = env.get("MLXR_" + key) or env.get("OLLAMA_" + key)
-            if raw:
-                values[name] = conv(raw)
-        if env.get("MLXR_API_KEY"):
-            values["api_key"] = env["MLXR_API_KEY"]
-        origins = env.get("MLXR_ORIGINS") or env.get("OLLAMA_ORIGINS")
-        if origins:
-            values["origins"] = tuple(o.strip() for o in origins.split(",") if o.strip())
-        blas = env.get("MLXR_OPENBLAS")
-        if blas is not None:
-            values["blas"] = "off" if blas.strip() in ("", "0", "off") else blas.strip()
-        cache = env.get("MLXR_CACHE_DIR") or (
-            env.get("XDG_CACHE_HOME") and str(Path(env["XDG_CACHE_HOME"]) / "mlxr"))
-        if cache:
-            values["cache_dir"] = Path(cache).expanduser()
-        if env.get("MLXR_STATE_DIR"):
-            values["state_dir"] = Path(env["MLXR_STATE_DIR"]).expanduser()
-        if env.get("MLXR_RUNNER_MODULE"):
-            values["runner_module"] = env["MLXR_RUNNER_MODULE"]
-        debug = env.get("MLXR_DEBUG", env.get("OLLAMA_DEBUG", ""))
-        values["debug"] = debug not in ("", "0", "false")
-        values["allow_image_urls"] = env.get("MLXR_ALLOW_IMAGE_URLS", "") not in ("", "0",
-                                                                                  "false")
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        path = config_path(env)
+        from_file = read_config(path, _FILE_PARSERS) if path else {}
+        from_env = _env_values(env)
+        if {"host", "socket_path"} & from_env.keys():  # one address: the environment's
+            from_file = {k: v for k, v in from_file.items()
+                         if k not in ("host", "port", "socket_path")}
+        flags = {k: v for k, v in overrides.items() if v is not None}
+        sources = {**{k: f"file {path}" for k in from_file},
+                   **{k: "environment" for k in from_env}, **{k: "flag" for k in flags}}
+        return cls(**{**from_file, **from_env, **flags}), sources
 
     @property
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+
+def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
+    """Settings fields -> values from the environment (only the variables that are set)."""
+    values: dict[str, Any] = {}
+    host = env.get("MLXR_HOST") or env.get("OLLAMA_HOST")
+    if host and parse_socket(host) is not None:
+        values["socket_path"], host = parse_socket(host), None
+    if host:
+        values["host"], values["port"] = parse_host(host)
+    models = env.get("MLXR_MODELS")
+    if models:
+        values["models_dir"] = Path(models).expanduser()
+    if "MLXR_KEEP_ALIVE" in env or "OLLAMA_KEEP_ALIVE" in env:
+        values["keep_alive_s"] = parse_duration(
+            env.get("MLXR_KEEP_ALIVE") or env.get("OLLAMA_KEEP_ALIVE"))
+    for name, key, conv in (
+        ("max_loaded_models", "MAX_LOADED_MODELS", int),
+        ("num_parallel", "NUM_PARALLEL", int),
+        ("max_queue", "MAX_QUEUE", int),
+        ("context_length", "CONTEXT_LENGTH", int),
+        ("load_timeout_s", "LOAD_TIMEOUT", parse_duration),
+        ("prefix_cache_bytes", "PREFIX_CACHE_BYTES", _parse_bytes),
+        ("kv_layout", "KV_LAYOUT", _parse_kv_layout),
+        ("memory_margin_bytes", "MEMORY_MARGIN", _parse_bytes),
+        ("max_request_bytes", "MAX_REQUEST_BYTES", _parse_bytes),
+        ("shutdown_grace_s", "SHUTDOWN_GRACE", lambda v: max(0.0, parse_duration(v))),
+        ("max_load_failures", "MAX_LOAD_FAILURES", int),
+        ("load_failure_cooldown_s", "LOAD_FAILURE_COOLDOWN", parse_duration),
+        ("registry_timeout_s", "REGISTRY_TIMEOUT", parse_duration),
+    ):
+        raw = env.get("MLXR_" + key) or env.get("OLLAMA_" + key)
+        if raw:
+            values[name] = conv(raw)
+    if env.get("MLXR_API_KEY"):
+        values["api_key"] = env["MLXR_API_KEY"]
+    origins = env.get("MLXR_ORIGINS") or env.get("OLLAMA_ORIGINS")
+    if origins:
+        values["origins"] = tuple(o.strip() for o in origins.split(",") if o.strip())
+    blas = env.get("MLXR_OPENBLAS")
+    if blas is not None:
+        values["blas"] = "off" if blas.strip() in ("", "0", "off") else blas.strip()
+    cache = env.get("MLXR_CACHE_DIR") or (
+        env.get("XDG_CACHE_HOME") and str(Path(env["XDG_CACHE_HOME"]) / "mlxr"))
+    if cache:
+        values["cache_dir"] = Path(cache).expanduser()
+    if env.get("MLXR_STATE_DIR"):
+        values["state_dir"] = Path(env["MLXR_STATE_DIR"]).expanduser()
+    if env.get("MLXR_RUNNER_MODULE"):
+        values["runner_module"] = env["MLXR_RUNNER_MODULE"]
+    debug = env.get("MLXR_DEBUG", env.get("OLLAMA_DEBUG"))
+    if debug is not None:
+        values["debug"] = debug not in ("", "0", "false")
+    if env.get("MLXR_ALLOW_IMAGE_URLS") is not None:
+        values["allow_image_urls"] = env["MLXR_ALLOW_IMAGE_URLS"] not in ("", "0", "false")
+    return values
+
+
+def _address(value: str) -> dict[str, Any]:
+    socket_path = parse_socket(value)
+    if socket_path is not None:
+        return {"socket_path": socket_path}
+    host, port = parse_host(value)
+    return {"host": host, "port": port}
+
+
+_FILE_PARSERS: dict[str, Any] = {"address": _address, "duration": parse_duration,
+                                 "size": _parse_bytes, "kv_layout": _parse_kv_layout}
 
 
 @dataclass(frozen=True, slots=True)

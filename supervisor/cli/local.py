@@ -1,11 +1,14 @@
 """The commands that act on this machine directly, with no server: `doctor` (which BLAS
-runners preload), `setup-demo` (the demo models) and `import --from-ollama`; and
-`settings_from`, the settings every command starts from."""
+runners preload), `setup-demo` (the demo models), `import --from-ollama` and `config` (the
+settings in effect and where each came from); and `settings_from`, the settings every command
+starts from."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -149,3 +152,37 @@ def _ensure_model(store, request) -> None:
 
     asyncio.run(create())
     click.echo(f"{store.resolve(request.model).name} is ready")
+
+
+@click.command("config")
+def config() -> None:
+    """Print the settings in effect, grouped as in the config file, and where each came from
+    (the config file, the environment, or the default)."""
+    import json
+
+    from mlxr.shared.config_file import FILE_KEYS, config_path
+
+    try:
+        settings, sources = Settings.load()
+        path = config_path(os.environ)
+    except ValueError as exc:  # a bad config file: name it, as `mlxr serve` would
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"# config file: {path or 'none (~/.mlxr/config.toml or MLXR_CONFIG)'}")
+    for group, keys in FILE_KEYS.items():
+        click.echo(f"\n[{group}]")
+        for key, (field, kind) in keys.items():
+            if kind == "address":
+                value: Any = f"unix://{settings.socket_path}" if settings.socket_path else \
+                    f"{settings.host}:{settings.port}"
+                source = sources.get("socket_path") or sources.get("host") or "default"
+            else:
+                value = getattr(settings, field)
+                source = sources.get(field, "default")
+            if key == "api_key" and value:
+                value = "(set)"
+            if isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            shown = "none" if value is None else json.dumps(value)
+            click.echo(f"{key} = {shown}".ljust(44) + f"# {source}")

@@ -66,7 +66,7 @@ def main() -> None:
     """An Ollama-compatible LLM server on MLX."""
 
 
-for command in (local.doctor, local.setup_demo, local.import_):
+for command in (local.doctor, local.setup_demo, local.import_, local.config):
     main.add_command(command)
 
 
