@@ -168,6 +168,14 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05) -> bool:
     return predicate()
 
 
+def answers(url: str) -> bool:
+    """Does a server answer at `url` (a GET of / with 200)?"""
+    try:
+        return httpx.get(url, timeout=1, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def pid_alive(pid: int) -> bool:
     try:
         proc = psutil.Process(pid)

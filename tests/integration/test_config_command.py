@@ -7,10 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import httpx
 import pytest
 
-from tests.harness.server import free_port, wait_for
+from tests.harness.server import answers, free_port, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,15 +44,8 @@ def test_serve_listens_where_the_file_says_and_refuses_a_bad_file(tmp_path, subp
     env["MLXR_CONFIG"] = str(config)
     proc = subprocess.Popen([*MLXR, "serve"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-
-    def answers() -> bool:
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/api/tags", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        assert wait_for(answers, timeout=30)
+        assert wait_for(lambda: answers(f"http://127.0.0.1:{port}/api/tags"), timeout=30)
         assert (tmp_path / "models").is_dir()
         assert (tmp_path / "state" / f"serve-127.0.0.1-{port}.pid").exists()
     finally:

@@ -28,9 +28,8 @@ GREEDY = {"temperature": 0, "num_predict": N}
 QWEN = ("<|vision_start|><|image_pad|><|vision_end|>",
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\n{images}{question}<|im_end|>\n<|im_start|>assistant\n")
-FAMILIES = {
+FAMILIES = {  # Qwen2-VL (the same text path as Qwen2.5-VL) is in test_vision_formats.py
     "qwen2.5-vl": QWEN,
-    "qwen2-vl": QWEN,
     "gemma3-vision": ("<start_of_image>",
                       "<s><start_of_turn>user\n{images}{question}<end_of_turn>\n"
                       "<start_of_turn>model\n"),

@@ -1,6 +1,7 @@
 """A vision model as Hugging Face publishes it (`mlxr create --from DIR` of a transformers
 checkpoint: `model.*` and `visual.*` names, PyTorch's channels-first patch embedding) serves
-the same tokens as the same weights in mlx-vlm's converted layout."""
+the same tokens as the same weights in mlx-vlm's converted layout; and Qwen2-VL (its tower run
+in one stage) gives mlx-vlm's own greedy tokens, alone and beside text streams."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def server(tmp_path_factory, subprocess_env, model_factory):
     mlx_dir = model_factory("qwen2.5-vl")
     hf_dir = hf_layout(mlx_dir, tmp_path_factory.mktemp("hf") / "qwen2.5-vl")
     yield from serving(tmp_path_factory.mktemp("vision-formats"), subprocess_env,
-                       {"mlx": mlx_dir, "hf": hf_dir}, MLXR_KEEP_ALIVE="10m")
+                       {"mlx": mlx_dir, "hf": hf_dir, "q2": model_factory("qwen2-vl")},
+                       MLXR_KEEP_ALIVE="10m", MLXR_MAX_LOADED_MODELS="3")
 
 
 def test_hugging_face_layout_serves_the_same_tokens(server):
@@ -54,3 +56,30 @@ def test_hugging_face_layout_serves_the_same_tokens(server):
                                                  "images": [encoded(noise(seed))]}])
                           .message.content for seed in (31, 32)]
     assert replies["hf"] == replies["mlx"] and replies["mlx"][0] != replies["mlx"][1]
+
+
+def test_qwen2_vl_matches_mlx_vlm_alone_and_beside_text_streams(server, model_factory):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlx_vlm import load
+    from mlx_vlm.generate import stream_generate
+
+    model, processor = load(model_factory("qwen2-vl"))
+    prompt = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+              "<|vision_start|><|image_pad|><|vision_end|>What is this?<|im_end|>\n"
+              "<|im_start|>assistant\n")
+    steps = list(stream_generate(model, processor, prompt, image=[noise(33)], max_tokens=10,
+                                 temperature=0.0))
+    want = processor.tokenizer.decode([s.token for s in steps][:10])
+    client = server.client()
+    options = {"temperature": 0, "num_predict": 10}
+
+    def ask(images):
+        return client.chat(model="q2", options=options, messages=[
+            {"role": "user", "content": "What is this?", "images": images}]).message.content
+
+    assert ask([encoded(noise(33))]) == want
+    with ThreadPoolExecutor(4) as pool:
+        texts = [pool.submit(ask, []) for _ in range(3)]
+        assert pool.submit(ask, [encoded(noise(33))]).result() == want
+        assert len({t.result() for t in texts}) == 1
