@@ -2,7 +2,8 @@
 # Debian packages mlxr uses on Linux: OpenBLAS (several times faster float32 matmuls than the
 # mlx CPU wheel's reference BLAS; the fallback for the cmeel-openblas wheel, and it brings the
 # libgfortran that wheel links), docker-registry (a real OCI registry for the store tests) and
-# systemd (systemd-analyze, for the service unit's tests).
+# systemd (systemd-analyze, for the service unit's tests) and chromium (the dashboard's
+# browser tests).
 # Installs only what is missing, and only where apt-get and root (or sudo) are available.
 set -u
 [ "$(uname -s)" = Linux ] || exit 0
@@ -13,6 +14,8 @@ if [ "${1:-}" = --test ]; then
   command -v docker-registry >/dev/null 2>&1 || [ -x /usr/bin/docker-registry ] || want+=(docker-registry)
   # systemd-analyze checks the unit `mlxr service install` writes (nothing is started)
   command -v systemd-analyze >/dev/null 2>&1 || want+=(systemd)
+  # a real browser for the dashboard's tests (driven headless by Playwright)
+  [ -x /usr/bin/chromium ] || want+=(chromium)
 fi
 [ ${#want[@]} -eq 0 ] && exit 0
 sudo=""

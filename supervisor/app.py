@@ -13,6 +13,7 @@ stream, every runner is stopped, and it returns (exit status 0).
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
@@ -32,6 +33,8 @@ from mlxr.supervisor.api.keys import METRICS, SERVICE, STORE, VERSION
 from mlxr.supervisor.api.middleware import (Cors, Drain, HostCheck, error_middleware,
                                             make_api_key_middleware)
 from mlxr.supervisor.api.responses import create_response
+from mlxr.supervisor.dashboard import routes as dashboard
+from mlxr.supervisor.dashboard.feed import Feed, TokenRates
 from mlxr.supervisor.inference.service import Service
 from mlxr.supervisor.metrics import Metrics
 from mlxr.supervisor.runners.client import BlasSelection, make_runner_factory
@@ -82,6 +85,8 @@ ROUTES = [
     web.post("/v1/messages", anthropic.messages),
     web.post("/v1/messages/count_tokens", anthropic.count_tokens),
     web.post("/v1/responses", create_response),
+    # The web dashboard (its actions are the routes above)
+    *dashboard.ROUTES,
 ]
 
 
@@ -114,16 +119,23 @@ def make_app(settings: Settings, *, store: Any = None,
     app[STORE] = store
     app[SERVICE] = Service(settings, store, manager, metrics)
     app[VERSION] = version()
+    rates = TokenRates(lambda: metrics.generated_by_model)
+    app[dashboard.FEED] = feed = Feed(app[SERVICE], store, rates, app[VERSION])
+    app[dashboard.CORS_CHECK] = cors.origin
+    metrics.bind_dashboard(lambda: (feed.subscribers, feed.ticks))
     app.add_routes(ROUTES)
+    background: list[asyncio.Task] = []
 
     async def on_startup(app: web.Application) -> None:
         manager.start()
+        background.append(asyncio.create_task(rates.run()))
         if runner_factory is None:
             blas.start()  # probe now, so the first load does not wait for it and the log says
 
     async def on_shutdown(app: web.Application) -> None:
         # aiohttp has closed the listener and marked kept-alive connections to close.
         drain.begin()
+        feed.close()  # open dashboards' streams end now: they must not hold up the drain
         if drain.in_flight:
             log.info("shutting down: waiting up to %gs for %d running request(s)",
                      settings.shutdown_grace_s, drain.in_flight)
@@ -133,6 +145,8 @@ def make_app(settings: Settings, *, store: Any = None,
             await drain.wait_idle(ABORT_WRITE_S)
 
     async def on_cleanup(app: web.Application) -> None:
+        for task in background:
+            task.cancel()
         await manager.close()
 
     app.on_response_prepare.append(cors.on_prepare)

@@ -48,6 +48,22 @@ class _RunnerCollector(Collector):
         return [queue, loaded, mem, active]
 
 
+class _DashboardCollector(Collector):
+    """The dashboard feed's pages open and sampler passes, read at scrape time."""
+
+    def __init__(self, source: Callable[[], tuple[int, int] | None]):
+        self._source = source
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        pages, samples = self._source() or (0, 0)
+        open_ = GaugeMetricFamily("mlxr_dashboard_pages", "Dashboard pages following the feed")
+        passes = GaugeMetricFamily("mlxr_dashboard_samples",
+                                   "Dashboard feed passes (each reads every runner's status once)")
+        open_.add_metric([], pages)
+        passes.add_metric([], samples)
+        return [open_, passes]
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -67,15 +83,25 @@ class Metrics:
         self.inter_token = Histogram("mlxr_inter_token_seconds",
                                      "Time between generated tokens of one request", ["model"],
                                      buckets=_TOKEN_BUCKETS, registry=r)
+        # Tokens generated per model since start, for the dashboard's live rate (a plain dict:
+        # read every second without going through the Prometheus registry).
+        self.generated_by_model: dict[str, int] = {}
         self._manager: Any = None
+        self._dashboard: Callable[[], tuple[int, int]] | None = None
         r.register(_RunnerCollector(lambda: self._manager))
+        r.register(_DashboardCollector(lambda: self._dashboard and self._dashboard()))
 
     def bind(self, manager: Any) -> None:
         self._manager = manager
 
+    def bind_dashboard(self, figures: Callable[[], tuple[int, int]]) -> None:
+        """`figures()` gives (pages open, sampler passes so far)."""
+        self._dashboard = figures
+
     def observe_tokens(self, model: str, gap_s: float, count: int, first: bool) -> None:
         """`count` tokens arrived `gap_s` after the previous ones (or the request, if first)."""
         self.generated_tokens.labels(model).inc(count)
+        self.generated_by_model[model] = self.generated_by_model.get(model, 0) + count
         if first:
             self.ttft.labels(model).observe(gap_s)
             count -= 1

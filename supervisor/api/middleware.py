@@ -31,7 +31,10 @@ from mlxr.shared.errors import Forbidden, MlxrError, ServerBusy, Unauthorized
 
 log = logging.getLogger("mlxr.http")
 
-OPEN_PATHS = ("/", "/api/version", "/metrics", "/health", "/ready")
+OPEN_PATHS = ("/", "/api/version", "/metrics", "/health", "/ready",
+              # the dashboard's page and files hold no data; its feed and API calls need the key
+              "/ui", "/ui/")
+OPEN_PREFIXES = ("/ui/static/",)
 
 
 # -- errors ------------------------------------------------------------------------------------
@@ -135,7 +138,9 @@ def make_api_key_middleware(key: str):
 
     @web.middleware
     async def check(request: web.Request, handler):
-        if request.path not in OPEN_PATHS and request.method != "OPTIONS":
+        path = request.path
+        if (path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES)
+                and request.method != "OPTIONS"):
             given = request.headers.get("Authorization", "").encode()
             other = f"Bearer {request.headers.get('x-api-key', '')}".encode()
             if not (hmac.compare_digest(given, expected)

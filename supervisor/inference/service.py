@@ -132,7 +132,8 @@ class Service:
                 name=slot.name, model=slot.name, size=size, size_vram=size if vram else 0,
                 digest=slot.spec.digest, details=model_details(slot.spec.info),
                 expires_at=now_wall + dt.timedelta(seconds=left),
-                context_length=_served_context(slot), blas=slot.blas, kv=slot.kv))
+                context_length=_served_context(slot), blas=slot.blas, kv=slot.kv,
+                active=slot.active, waiting=slot.waiting))
         out.sort(key=lambda m: m.expires_at, reverse=True)
         return out
 

@@ -169,3 +169,5 @@ class RunningModel:
     context_length: int
     blas: dict[str, str]
     kv: dict[str, Any] = field(default_factory=dict)
+    active: int = 0  # the runner's running and waiting sequences (the dashboard shows them)
+    waiting: int = 0

@@ -91,6 +91,8 @@ class Slot:
     refreshed_at: float = float("-inf")  # time.monotonic() of the last /v1/status read
     blas: dict[str, str] = field(default_factory=dict)  # what the runner says serves its sgemm
     kv: dict[str, Any] = field(default_factory=dict)  # the runner's KV block pool figures
+    active: int = 0  # sequences the runner is running, and waiting for room, when last read
+    waiting: int = 0
 
     @property
     def name(self) -> str:
@@ -413,6 +415,7 @@ class RunnerManager:
         except Exception:  # a busy or dying runner: keep the last figures
             return
         slot.memory_bytes = int(status.memory or 0)
+        slot.active, slot.waiting = int(status.active), int(status.waiting)
         slot.blas = {"path": status.blas_path, "config": status.blas_config}
         slot.kv = {"block_size": status.kv_block_size, "blocks_total": status.kv_blocks_total,
                    "blocks_used": status.kv_blocks_used,

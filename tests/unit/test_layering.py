@@ -10,8 +10,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # Higher may import lower, never the reverse. The CLI and the benchmark are entry points.
-SUPERVISOR_RANKS = {"cli": 7, "bench": 6, "app": 6, "server_files": 6, "api": 5, "inference": 4, "runners": 3,
-                    "store": 2, "metrics": 1, "version": 1}
+SUPERVISOR_RANKS = {"cli": 8, "bench": 7, "app": 7, "server_files": 7, "dashboard": 6,
+                    "api": 5, "inference": 4, "runners": 3, "store": 2, "metrics": 1,
+                    "version": 1}
 
 
 def module_name(path: Path) -> str:
