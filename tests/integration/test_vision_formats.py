@@ -49,13 +49,12 @@ def server(tmp_path_factory, subprocess_env, model_factory):
 def test_hugging_face_layout_serves_the_same_tokens(server):
     client = server.client()
     assert "vision" in client.show("hf").capabilities
-    replies = {}
-    for model in ("mlx", "hf"):
-        replies[model] = [client.chat(model=model, options={"temperature": 0, "num_predict": 10},
-                                      messages=[{"role": "user", "content": "What is this?",
-                                                 "images": [encoded(noise(seed))]}])
-                          .message.content for seed in (31, 32)]
-    assert replies["hf"] == replies["mlx"] and replies["mlx"][0] != replies["mlx"][1]
+    # (that another image changes the output is test_vision_api's; one image is enough here)
+    replies = {model: client.chat(model=model, options={"temperature": 0, "num_predict": 10},
+                                  messages=[{"role": "user", "content": "What is this?",
+                                             "images": [encoded(noise(31))]}]).message.content
+               for model in ("mlx", "hf")}
+    assert replies["hf"] == replies["mlx"] and replies["mlx"]
 
 
 def test_qwen2_vl_matches_mlx_vlm_alone_and_beside_text_streams(server, model_factory):
