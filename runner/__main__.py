@@ -41,6 +41,9 @@ def parse_config(argv: list[str]) -> RunnerConfig:
     parser.add_argument("--prefix-cache-bytes", type=int, default=None)
     parser.add_argument("--token-file", default=None,
                         help="file with the secret requests must carry (made if missing)")
+    parser.add_argument("--follower", action="store_true",
+                        help="a distributed runner's rank 1..N-1 (MLX_RANK set): no HTTP, "
+                             "follow rank 0's steps")
     args = parser.parse_args(argv)
     values = json.loads(args.config) if args.config else {}
     for key in ("host", "port", "num_parallel", "context_length", "prefill_chunk",
@@ -49,6 +52,8 @@ def parse_config(argv: list[str]) -> RunnerConfig:
             values[key] = getattr(args, key)
     if args.model:
         values["model_dir"] = args.model
+    if args.follower:
+        values["follower"] = True
     if not values.get("model_dir"):
         parser.error("--model or a config with model_dir is required")
     return RunnerConfig.from_dict(values)
@@ -124,6 +129,13 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_config(sys.argv[1:] if argv is None else argv)
     _set_death_signal(parent)
     _preload_blas(config, parent)
+    if config.follower:  # no HTTP, so no secret
+        if config.watch_stdin:
+            _watch_parent(parent)
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(asctime)s follower %(levelname)s %(message)s")
+        follow(config)
+        return
     token, token_path = _token(config)  # before the watch reads stdin
     made_token_file = token_path is not None and not config.token_file
     if config.watch_stdin:
@@ -158,6 +170,23 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if made_token_file:
             shutil.rmtree(token_path.parent, ignore_errors=True)
+
+
+def follow(config: RunnerConfig) -> None:
+    """A distributed runner's rank 1..N-1: load this rank's shard as rank 0 does, then run
+    the forward passes rank 0 sends until it says stop. Any failure ends the process (and
+    the supervisor ends the group)."""
+    from mlxr.runner.distributed.lockstep import Follower, join_group
+    from mlxr.runner.loader import load_model
+    from mlxr.shared.blas import loaded_blas
+
+    group = join_group()
+    if group is None:
+        sys.exit("runner: --follower needs MLX_RANK and a group of 2 or more ranks")
+    loaded = load_model(config, loaded_blas().describe(), lambda progress: None, group)
+    print(json.dumps({"event": "following", "rank": group.rank()}), file=sys.stderr,
+          flush=True)
+    Follower(group, loaded.model_step).serve()
 
 
 if __name__ == "__main__":

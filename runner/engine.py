@@ -67,6 +67,9 @@ class Engine:
         self.pool_figures: dict[str, Any] = {}  # RunnerStatus's kv_block* fields
         self._kv_published_at = float("-inf")
         self.blas = loaded_blas()
+        # Rank 0 of a distributed runner: sends each step to the other ranks before running
+        # it (runner/distributed/lockstep.py); None for a runner alone.
+        self.leader: Any = None
         # Image prompts whose images are being encoded, a stage per loop turn, before they
         # reach the scheduler: (sequence, its stages), in arrival order.
         self._encoding: collections.deque[tuple[Sequence, Iterator[None]]] = \
@@ -139,6 +142,8 @@ class Engine:
                     self._step()
                 else:  # an encoder: the inbox's calls are all its work
                     self._read_memory()
+            if self.leader is not None:
+                self.leader.stop()  # the other ranks exit too
         except BaseException as exc:  # a bug in the loop itself: never leave clients hanging
             log.exception("engine loop failed; exiting so the supervisor restarts the runner")
             self._fail_everything(f"runner engine failed: {exc}")
@@ -146,9 +151,15 @@ class Engine:
             os._exit(70)
 
     def _load(self) -> None:
-        loaded = load_model(self.config, self.blas.describe(), self._set_progress)
+        from mlxr.runner.distributed.lockstep import Leader, join_group
+
+        group = join_group()
+        loaded = load_model(self.config, self.blas.describe(), self._set_progress, group)
+        if group is not None:
+            self.leader = Leader(group, loaded.model_step)
         self.outputs = Outputs(fast_decode(loaded.tokenizer, skip_special=True))
-        self.scheduler = make_scheduler(self.config, loaded, self.outputs.stop_matched)
+        self.scheduler = make_scheduler(self.config, loaded, self.outputs.stop_matched,
+                                        self.leader)
         if loaded.model_step is not None:
             self._publish_kv(loaded.model_step)  # the pool's size is known before any request
         self._read_memory()
@@ -228,11 +239,12 @@ class Engine:
         plan = self.scheduler.schedule()
         self.outputs.step_started(plan)
         started = time.perf_counter()
+        runs = self.leader or model_step  # a distributed runner's rank 0 tells the others
         try:
-            result = model_step.run(plan)
+            result = runs.run(plan)
         except Exception as exc:  # out of memory (a GPU's allocator), or a bug
             log.exception("engine step failed")
-            model_step.reset()  # every cache is gone: the step's growth fails, the rest recompute
+            runs.reset()  # every cache is gone: the step's growth fails, the rest recompute
             mx.clear_cache()
             result = StepResult()
             touched = plan.failed + self.scheduler.recover(plan, exc)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import psutil
 
 from mlxr.shared.config import RunnerConfig
+from mlxr.shared.errors import UnsupportedModel
 from mlxr.shared.model_checks import check_model_dir
 from mlxr.runner.kv.pool import BLOCK_SIZE, KVPool
 from mlxr.runner.request import Sequence
@@ -51,9 +52,11 @@ class LoadedModel:
     vision: Any = None  # runner.vision.model.VisionModel: the model takes images
 
 
-def load_model(config: RunnerConfig, blas: str,
-               on_progress: Callable[[float], None]) -> LoadedModel:
-    """Load `config.model_dir`; `blas` describes the BLAS in use (for the log)."""
+def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], None],
+               group: Any = None) -> LoadedModel:
+    """Load `config.model_dir`; `blas` describes the BLAS in use (for the log). With a
+    distributed `group`, this rank's shard of it (every rank runs this same code: the forward
+    passes made while loading are collectives too)."""
     # A file changed since create (or never checked: pulled) fails here, before MLX reads it.
     check_model_dir(Path(config.model_dir))
     from mlx_lm.utils import load
@@ -71,11 +74,21 @@ def load_model(config: RunnerConfig, blas: str,
     adapter = Path(config.model_dir) / ADAPTER_DIR
     adapter_path = str(adapter) if (adapter / "adapter_config.json").is_file() else None
     model, tokenizer, model_config = load(config.model_dir, adapter_path=adapter_path,
-                                          return_config=True)
+                                          return_config=True, lazy=group is not None)
     if adapter_path:
         log.info("applied the LoRA adapter in %s", adapter_path)
     vision = None
-    if vision_family(model_config):
+    if group is not None:
+        import mlx.core as mx
+
+        from mlxr.runner.distributed.lockstep import shard
+
+        if vision_family(model_config):
+            raise UnsupportedModel("a vision model cannot be sharded over several ranks")
+        how = shard(model, group)
+        mx.eval(model.parameters())  # only this rank's slices are read
+        log.info("distributed: %s parallel over %d ranks", how, group.size())
+    elif vision_family(model_config):
         # mlx-lm serves the language part; the image tower comes from mlx-vlm beside it.
         model = getattr(model, "language_model", model)
         vision = load_vision(config.model_dir, model)
@@ -93,7 +106,10 @@ def load_model(config: RunnerConfig, blas: str,
              if step.host_head is not None else "MLX")
     bytes_per_token = _kv_bytes_per_token(model)
     vocab_size = int(model_config.get("vocab_size") or len(tokenizer._tokenizer))
-    embedder = None if step.split.body is None else LMEmbedder.make(
+    if group is not None and step.split.body is None:
+        raise UnsupportedModel("a sharded model must split into body and head")
+    # (a sharded model has no embeddings: only the step's forward passes reach every rank)
+    embedder = None if step.split.body is None or group is not None else LMEmbedder.make(
         model, step.split.body, tokenizer, min(config.context_length, max_context), vocab_size)
     capabilities = ["completion"] + (["vision"] if vision is not None else [])
     return LoadedModel(model, tokenizer, max_context, bytes_per_token, vocab_size,
@@ -101,9 +117,10 @@ def load_model(config: RunnerConfig, blas: str,
 
 
 def make_scheduler(config: RunnerConfig, loaded: LoadedModel,
-                   stop_matched: Callable[[Sequence], bool]) -> Scheduler:
+                   stop_matched: Callable[[Sequence], bool], leader: Any = None) -> Scheduler:
     """The scheduler for `loaded`, its block pool sized from the config's KV budget or half
-    the free memory."""
+    the free memory. With a distributed `leader` (rank 0), the scheduler's pool calls and
+    cache admissions are recorded for the other ranks, which make a pool of the same size."""
     if loaded.model_step is None:
         # Never fed: the server refuses completions for an embedding-only model.
         return Scheduler(SchedulerConfig(), KVPool(1), admit=lambda seq, adm: 0,
@@ -111,11 +128,14 @@ def make_scheduler(config: RunnerConfig, loaded: LoadedModel,
     budget_bytes = config.kv_cache_bytes or int(psutil.virtual_memory().available * 0.5)
     num_blocks = max(budget_bytes // (max(loaded.bytes_per_token, 1) * BLOCK_SIZE), 1)
     pool = loaded.model_step.make_pool(num_blocks, BLOCK_SIZE)
+    admit = loaded.model_step.admit
+    if leader is not None:
+        pool, admit = leader.setup(pool), leader.admit
     return Scheduler(
         SchedulerConfig(max_running=config.num_parallel,
                         prefill_chunk=config.prefill_chunk,
                         step_token_budget=config.step_token_budget),
-        pool, admit=loaded.model_step.admit,
+        pool, admit=admit,
         eos_token_ids=set(loaded.tokenizer.eos_token_ids), stop_matched=stop_matched)
 
 

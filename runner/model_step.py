@@ -100,6 +100,10 @@ class ModelStep:
         self.uses_rows = rows and kv_rows.probe(model, self.num_layers)
         self.kv = None
         self._ahead: _Ahead | None = None
+        # One of a distributed runner's ranks (runner/distributed/lockstep.py): each forward
+        # pass is evaluated alone, in plan order, and no decode step runs ahead, so every
+        # rank's collectives come in the same order.
+        self.lockstep = False
 
     def make_pool(self, num_blocks: int, block_size: int) -> KVPool:
         """The block pool the scheduler accounts with, and this step's cache over it."""
@@ -146,7 +150,7 @@ class ModelStep:
                 "batch rows out of step with the scheduler"
             out = self._decode()
             outputs.append((self.rows, out))
-            if not plan.prefills:
+            if not plan.prefills and not self.lockstep:
                 self._run_ahead(out)
         elif self._ahead is not None:
             self._drop_ahead()
@@ -160,9 +164,13 @@ class ModelStep:
             with rope:
                 if chunk.is_last:
                     logits = self._logits(inputs, caches, **extra)
+                    if self.lockstep:
+                        mx.eval(logits)
                     outputs.append(([seq], self._sample(logits, [seq])))
                 elif self.split.body is not None:
-                    self.split.body(inputs, cache=caches, **extra)
+                    hidden = self.split.body(inputs, cache=caches, **extra)
+                    if self.lockstep:
+                        mx.eval(hidden)
                 else:
                     self.model(inputs, cache=caches, **extra)
             self.kv.advance([seq], chunk.end - chunk.start)
@@ -176,6 +184,25 @@ class ModelStep:
         if merged:  # in this step, so the next decode step is not held up by the copies
             mx.eval(self.kv.arrays(merged))
         return result
+
+    def follow(self, release: list, decode_tokens: list[int], prefills: list) -> None:
+        """A follower rank's part of a step that rank 0 runs with `run`: the same forward
+        passes through the model body (this rank's shard of it), in the same order, on the
+        same cache layout; no head, no sampling. `prefills`: (sequence, start, end, is_last,
+        token ids)."""
+        self.release(release)
+        if decode_tokens:
+            inputs = mx.array([[t] for t in decode_tokens], dtype=mx.int32)
+            mx.eval(self.split.body(inputs, cache=self.kv.decode_cache()))
+            self.kv.advance(self.rows, 1)
+        for seq, start, end, is_last, tokens in prefills:
+            caches = self.kv.prefill_cache(seq)
+            mx.eval(self.split.body(mx.array([tokens], dtype=mx.int32), cache=caches))
+            self.kv.advance([seq], end - start)
+        mx.eval(self.kv.arrays([seq for seq, *_ in prefills]))
+        for seq, _, _, is_last, _ in prefills:
+            if is_last:
+                self.kv.join(seq)
 
     def _decode(self) -> SampleOutput:
         """This step's tokens for the batch rows: from the step run ahead, or computed now."""
@@ -191,6 +218,8 @@ class ModelStep:
         inputs = mx.array([[s.output_tokens[-1]] for s in self.rows], dtype=mx.int32)
         with self._decode_rope():
             logits = self._logits(inputs, self.kv.decode_cache())
+        if self.lockstep:
+            mx.eval(logits)
         self.kv.advance(self.rows, 1)
         self._prepare_hooks(logits, self.rows)
         return self._sample(logits, self.rows)

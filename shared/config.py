@@ -165,6 +165,9 @@ class Settings:
     # The server's pid file and rotating log file go here (MLXR_STATE_DIR), named after the
     # address it serves (supervisor/server_files.py).
     state_dir: Path = Path.home() / ".mlxr"
+    # An mlx.launch hostfile (MLXR_HOSTFILE): language models load sharded over its ranks
+    # (supervisor/runners/group.py); None: one runner process per model.
+    hostfile: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -248,6 +251,8 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
         values["debug"] = debug not in ("", "0", "false")
     if env.get("MLXR_ALLOW_IMAGE_URLS") is not None:
         values["allow_image_urls"] = env["MLXR_ALLOW_IMAGE_URLS"] not in ("", "0", "false")
+    if env.get("MLXR_HOSTFILE"):
+        values["hostfile"] = Path(env["MLXR_HOSTFILE"]).expanduser()
     return values
 
 
@@ -285,6 +290,9 @@ class RunnerConfig:
     # The library to preload (the supervisor's probed choice), "off", or "auto": choose here,
     # as the supervisor would (a runner started by hand).
     blas: str = "auto"
+    # A distributed runner's rank 1..N-1 (MLX_RANK and MLX_HOSTFILE in the environment, as
+    # mlx.launch sets them): no HTTP, it follows rank 0's steps.
+    follower: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -144,9 +144,12 @@ def _log_final(fields: dict[str, Any], line: dict[str, Any]) -> None:
 
 
 def running_model_json(m: RunningModel) -> dict[str, Any]:
-    return {"name": m.name, "model": m.model, "size": m.size, "digest": m.digest,
-            "details": m.details, "expires_at": rfc3339(m.expires_at), "size_vram": m.size_vram,
-            "context_length": m.context_length, "blas": m.blas, "kv": m.kv}
+    out = {"name": m.name, "model": m.model, "size": m.size, "digest": m.digest,
+           "details": m.details, "expires_at": rfc3339(m.expires_at), "size_vram": m.size_vram,
+           "context_length": m.context_length, "blas": m.blas, "kv": m.kv}
+    if m.ranks:  # a model sharded over several ranks: each one's host and memory
+        out["ranks"] = m.ranks
+    return out
 
 
 # -- handlers --------------------------------------------------------------------------------

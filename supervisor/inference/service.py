@@ -133,7 +133,8 @@ class Service:
                 digest=slot.spec.digest, details=model_details(slot.spec.info),
                 expires_at=now_wall + dt.timedelta(seconds=left),
                 context_length=_served_context(slot), blas=slot.blas, kv=slot.kv,
-                active=slot.active, waiting=slot.waiting))
+                active=slot.active, waiting=slot.waiting,
+                ranks=slot.runner.ranks() if hasattr(slot.runner, "ranks") else []))
         out.sort(key=lambda m: m.expires_at, reverse=True)
         return out
 

@@ -20,6 +20,7 @@ import ctypes
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -36,6 +37,8 @@ from mlxr.shared.errors import (InvalidModelFile, MlxrError, RunnerFailed, from_
 from mlxr.shared.exits import describe_exit
 from mlxr.shared.protocol import Chunk, CompletionRequest, EmbedRequest, EmbedResponse, RunnerStatus
 from mlxr.shared.runner_auth import auth_header, make_token
+from mlxr.supervisor.runners.group import (Follower, GroupMixin, Host, group_env, kill_all,
+                                           read_hostfile, spawn_follower)
 
 log = logging.getLogger("mlxr.runner")
 
@@ -99,14 +102,11 @@ class RunnerClient:
 
     @classmethod
     async def spawn(cls, config: RunnerConfig, *, module: str = "mlxr.runner",
-                    blas: str | None = None) -> "RunnerClient":
-        """Start the runner; with `config.token_stdin` it gets a fresh secret on stdin."""
-        # The runner inherits our environment (PATH, PYTHONPATH, HF_* ...); only the BLAS
-        # preload is added (a library that passed its probe on this CPU, shared/blas.py),
-        # which makes float32 matmuls several times faster on Linux CPU.
-        env = dict(os.environ)
-        if blas:
-            env["LD_PRELOAD"] = " ".join(p for p in (blas, env.get("LD_PRELOAD")) if p)
+                    blas: str | None = None, env: dict[str, str] | None = None,
+                    **extra: Any) -> "RunnerClient":
+        """Start the runner; with `config.token_stdin` it gets a fresh secret on stdin.
+        `env`: the environment to start it in (default: ours, with the BLAS preload)."""
+        env = runner_env(blas) if env is None else env
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", module, "--config", json.dumps(config.to_dict()),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -126,7 +126,10 @@ class RunnerClient:
                 await process.stdin.drain()
             except ConnectionError:
                 pass  # it died at once: wait_ready says how
-        return cls(config, process, blas, token)
+        client = cls(config, process, blas, token)
+        for key, value in extra.items():
+            setattr(client, key, value)
+        return client
 
     async def _read_output(self) -> None:
         assert self.process.stdout is not None
@@ -388,6 +391,37 @@ class BlasSelection:
         return choice
 
 
+def runner_env(blas: str | None) -> dict[str, str]:
+    """A runner inherits our environment (PATH, PYTHONPATH, HF_* ...); only the BLAS preload
+    is added (a library that passed its probe on this CPU, shared/blas.py), which makes
+    float32 matmuls several times faster on Linux CPU."""
+    env = dict(os.environ)
+    if blas:
+        env["LD_PRELOAD"] = " ".join(p for p in (blas, env.get("LD_PRELOAD")) if p)
+    return env
+
+
+class RunnerGroup(GroupMixin, RunnerClient):
+    """Rank 0 of a distributed runner and its followers (group.py)."""
+
+    @classmethod
+    async def spawn_group(cls, config: RunnerConfig, hosts: list[Host], *, module: str,
+                          blas: str | None) -> "RunnerGroup":
+        env, folder = group_env(hosts, runner_env(blas))
+        followers: list[Follower] = []
+        try:
+            for rank in range(1, len(hosts)):
+                followers.append(await spawn_follower(rank, hosts[rank], config, module, env,
+                                                      _death_signal_preexec()))
+            return await cls.spawn(config, module=module, blas=blas,
+                                   env={**env, "MLX_RANK": "0"}, followers=followers,
+                                   hosts=hosts, group_dir=folder)
+        except BaseException:
+            kill_all(followers)
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+
+
 def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
                         ) -> Callable[[Any], Awaitable[RunnerClient]]:
     """The production factory: spawn `python -m mlxr.runner` for a LoadSpec and wait until ready."""
@@ -402,7 +436,13 @@ def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
             kv_cache_bytes=spec.kv_cache_bytes, kv_layout=settings.kv_layout,
             watch_stdin=True, token_stdin=True,
             blas=library or "off")
-        client = await RunnerClient.spawn(config, module=settings.runner_module, blas=library)
+        if settings.hostfile is not None:  # one runner made of the hostfile's ranks
+            client: RunnerClient = await RunnerGroup.spawn_group(
+                config, read_hostfile(settings.hostfile), module=settings.runner_module,
+                blas=library)
+        else:
+            client = await RunnerClient.spawn(config, module=settings.runner_module,
+                                              blas=library)
         try:
             await client.wait_ready(settings.load_timeout_s)
         except BaseException:
