@@ -117,7 +117,9 @@ class Engine:
             error=self.error,
             error_kind=self.error_kind,
             capabilities=loaded.capabilities if loaded else [],
-            blas_path=self.blas.path or "", blas_config=self.blas.config)
+            blas_path=self.blas.path or "", blas_config=self.blas.config,
+            sharding=loaded.sharding if loaded else "",
+            ranks=self.leader.channel.group.size() if self.leader else 1)
 
     # -- the engine thread --------------------------------------------------------------
     def _main(self) -> None:

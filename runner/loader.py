@@ -50,6 +50,7 @@ class LoadedModel:
     # Engine.call only.
     model_step: ModelStep | None = None
     vision: Any = None  # runner.vision.model.VisionModel: the model takes images
+    sharding: str = ""  # over a distributed group: "tensor" or "pipeline"
 
 
 def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], None],
@@ -78,6 +79,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     if adapter_path:
         log.info("applied the LoRA adapter in %s", adapter_path)
     vision = None
+    how = ""
     if group is not None:
         import mlx.core as mx
 
@@ -85,7 +87,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
 
         if vision_family(model_config):
             raise UnsupportedModel("a vision model cannot be sharded over several ranks")
-        how = shard(model, group)
+        how = shard(model, group, config.sharding)
         mx.eval(model.parameters())  # only this rank's slices are read
         log.info("distributed: %s parallel over %d ranks", how, group.size())
     elif vision_family(model_config):
@@ -113,7 +115,8 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
         model, step.split.body, tokenizer, min(config.context_length, max_context), vocab_size)
     capabilities = ["completion"] + (["vision"] if vision is not None else [])
     return LoadedModel(model, tokenizer, max_context, bytes_per_token, vocab_size,
-                       capabilities, embedder=embedder, model_step=step, vision=vision)
+                       capabilities, embedder=embedder, model_step=step, vision=vision,
+                       sharding=how)
 
 
 def make_scheduler(config: RunnerConfig, loaded: LoadedModel,

@@ -65,7 +65,9 @@ def split_model(model) -> SplitModel:
     try:
         probe = mx.array([[1, 2, 3]])
         whole = model(probe, cache=make_prompt_cache(model))
+        mx.eval(whole)  # alone: a distributed rank's passes hold collectives, kept in order
         parts = split.logits(head(body(probe, cache=make_prompt_cache(model))))
+        mx.eval(parts)
         if whole.shape == parts.shape and mx.allclose(whole, parts, atol=1e-4).item():
             return split
         log.info("model does not split into body and head; using whole-model calls")

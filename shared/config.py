@@ -168,6 +168,7 @@ class Settings:
     # An mlx.launch hostfile (MLXR_HOSTFILE): language models load sharded over its ranks
     # (supervisor/runners/group.py); None: one runner process per model.
     hostfile: Path | None = None
+    sharding: str = "auto"  # MLXR_SHARDING: tensor, pipeline or auto (RunnerConfig.sharding)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -253,6 +254,8 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
         values["allow_image_urls"] = env["MLXR_ALLOW_IMAGE_URLS"] not in ("", "0", "false")
     if env.get("MLXR_HOSTFILE"):
         values["hostfile"] = Path(env["MLXR_HOSTFILE"]).expanduser()
+    if env.get("MLXR_SHARDING"):
+        values["sharding"] = _parse_sharding(env["MLXR_SHARDING"])
     return values
 
 
@@ -264,8 +267,16 @@ def _address(value: str) -> dict[str, Any]:
     return {"host": host, "port": port}
 
 
+def _parse_sharding(value: str) -> str:
+    value = value.strip().lower()
+    if value not in ("auto", "tensor", "pipeline"):
+        raise ValueError(f"sharding must be auto, tensor or pipeline, not {value!r}")
+    return value
+
+
 _FILE_PARSERS: dict[str, Any] = {"address": _address, "duration": parse_duration,
-                                 "size": _parse_bytes, "kv_layout": _parse_kv_layout}
+                                 "size": _parse_bytes, "kv_layout": _parse_kv_layout,
+                                 "sharding": _parse_sharding}
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +304,9 @@ class RunnerConfig:
     # A distributed runner's rank 1..N-1 (MLX_RANK and MLX_HOSTFILE in the environment, as
     # mlx.launch sets them): no HTTP, it follows rank 0's steps.
     follower: bool = False
+    # How a distributed runner's ranks split the model: "tensor", "pipeline", or "auto"
+    # (tensor where the heads divide among the ranks, else pipeline).
+    sharding: str = "auto"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

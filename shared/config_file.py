@@ -43,7 +43,7 @@ FILE_KEYS: dict[str, dict[str, tuple[str, str]]] = {
         "prefix_cache_bytes": ("prefix_cache_bytes", "size"),
         "max_load_failures": ("max_load_failures", "int"),
         "load_failure_cooldown": ("load_failure_cooldown_s", "duration"),
-        "hostfile": ("hostfile", "path"),
+        "hostfile": ("hostfile", "path"), "sharding": ("sharding", "sharding"),
     },
     "limits": {
         "memory_margin": ("memory_margin_bytes", "size"),

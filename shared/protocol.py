@@ -296,6 +296,9 @@ class RunnerStatus:
     # a benchmark gives its peers exactly this file.
     blas_path: str = ""
     blas_config: str = ""
+    # A distributed runner's split ("tensor" or "pipeline") and its number of ranks.
+    sharding: str = ""
+    ranks: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -52,12 +52,38 @@ def join_group() -> Any:
     return group if group.size() > 1 else None
 
 
-def shard(model: Any, group: Any) -> str:
-    """Shard a lazily loaded model over `group`; returns how ("tensor")."""
-    if not hasattr(model, "shard"):
-        raise ValueError(f"{type(model).__module__} cannot be tensor-sharded by mlx-lm")
-    model.shard(group)
-    return "tensor"
+def _tensor_splits(model: Any, ranks: int) -> bool:
+    """mlx-lm's `shard` divides the attention heads, the KV heads and the MLP among ranks."""
+    args = getattr(model, "args", None)
+    heads = getattr(args, "num_attention_heads", 0)
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    mlp = getattr(args, "intermediate_size", 0)
+    return hasattr(model, "shard") and heads > 0 and \
+        all(n % ranks == 0 for n in (heads, kv_heads, mlp))
+
+
+def shard(model: Any, group: Any, how: str = "auto") -> str:
+    """Shard a lazily loaded model over `group` as mlx-lm does for its architecture, and say
+    how: "tensor" (every rank a slice of every layer: `Model.shard`) where the heads divide
+    among the ranks, else "pipeline" (every rank a run of whole layers:
+    `model.model.pipeline`). `how` forces one."""
+    ranks = group.size()
+    kind = type(model).__module__.rsplit(".", 1)[-1]
+    tensor = _tensor_splits(model, ranks)
+    pipeline = hasattr(getattr(model, "model", None), "pipeline") and \
+        len(model.model.layers) >= ranks
+    if how == "auto":
+        how = "tensor" if tensor else "pipeline" if pipeline else ""
+    if how == "tensor" and tensor:
+        model.shard(group)
+    elif how == "pipeline" and pipeline:
+        model.model.pipeline(group)
+    else:
+        raise ValueError(f"mlx-lm cannot shard this {kind} model over {ranks} ranks"
+                         + (f" by {how}" if how else "") + " (tensor: the attention heads, "
+                         "KV heads and MLP width must divide among the ranks; pipeline: the "
+                         "architecture must support it, with a layer per rank)")
+    return how
 
 
 class Channel:

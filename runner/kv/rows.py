@@ -194,6 +194,18 @@ class RowsLayer:
         self._num_new = 0
         self._plan = plan  # [_DecodePlan], made by the first layer that attends
 
+    # mlx-lm's pipeline-parallel forward ties its send to the last layer's cache
+    # (`cache[-1].keys = mx.depends(cache[-1].keys, h)`) so that evaluating the cache sends.
+    # The model step evaluates the forward's output, which holds the send (and the gather
+    # after it), so the tie is not needed here: `keys` is a stand-in.
+    @property
+    def keys(self) -> mx.array:
+        return mx.array(0)
+
+    @keys.setter
+    def keys(self, value: mx.array) -> None:
+        pass
+
     def make_mask(self, num_new: int, return_array: bool = False, window_size=None):
         if window_size is not None:
             raise Unsupported("sliding windows use the padded batch")
@@ -366,14 +378,19 @@ def probe(model, num_layers: int) -> bool:
         pool = KVPool(num_blocks=8, block_size=16)
         batch = RowBatch(num_layers, pool)
         firsts, expected = [], []
+        # Each forward pass is evaluated alone: on a distributed runner's ranks a pass holds
+        # collectives, which every rank must reach in the same order.
         for i, tokens in enumerate(prompts):
             ref = make_prompt_cache(model)
             last = model(mx.array([tokens]), cache=ref)[:, -1, :]
+            mx.eval(last)
             nxt = mx.argmax(last, axis=-1)
             expected.append(model(nxt[:, None], cache=ref)[:, -1, :])
+            mx.eval(expected[-1])
             seq = _ProbeSeq(i)
             batch.admit(seq, pool.admit(i, tokens, len(tokens) + 1))
             got = model(mx.array([tokens]), cache=batch.prefill_cache(seq))[:, -1, :]
+            mx.eval(got)
             batch.advance([seq], len(tokens))
             batch.join(seq)
             if not mx.allclose(got, last, atol=1e-4).item():

@@ -134,7 +134,8 @@ class Service:
                 expires_at=now_wall + dt.timedelta(seconds=left),
                 context_length=_served_context(slot), blas=slot.blas, kv=slot.kv,
                 active=slot.active, waiting=slot.waiting,
-                ranks=slot.runner.ranks() if hasattr(slot.runner, "ranks") else []))
+                ranks=slot.runner.ranks() if hasattr(slot.runner, "ranks") else [],
+                sharding=slot.sharding))
         out.sort(key=lambda m: m.expires_at, reverse=True)
         return out
 

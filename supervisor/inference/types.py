@@ -172,3 +172,4 @@ class RunningModel:
     active: int = 0  # the runner's running and waiting sequences (the dashboard shows them)
     waiting: int = 0
     ranks: list[dict[str, Any]] = field(default_factory=list)  # a distributed runner's ranks
+    sharding: str = ""

@@ -435,7 +435,7 @@ def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
             context_length=spec.context_length, prefix_cache_bytes=settings.prefix_cache_bytes,
             kv_cache_bytes=spec.kv_cache_bytes, kv_layout=settings.kv_layout,
             watch_stdin=True, token_stdin=True,
-            blas=library or "off")
+            blas=library or "off", sharding=settings.sharding)
         if settings.hostfile is not None:  # one runner made of the hostfile's ranks
             client: RunnerClient = await RunnerGroup.spawn_group(
                 config, read_hostfile(settings.hostfile), module=settings.runner_module,

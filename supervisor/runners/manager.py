@@ -93,6 +93,7 @@ class Slot:
     kv: dict[str, Any] = field(default_factory=dict)  # the runner's KV block pool figures
     active: int = 0  # sequences the runner is running, and waiting for room, when last read
     waiting: int = 0
+    sharding: str = ""  # a distributed runner's split ("tensor", "pipeline")
 
     @property
     def name(self) -> str:
@@ -416,6 +417,7 @@ class RunnerManager:
             return
         slot.memory_bytes = int(status.memory or 0)
         slot.active, slot.waiting = int(status.active), int(status.waiting)
+        slot.sharding = status.sharding
         slot.blas = {"path": status.blas_path, "config": status.blas_config}
         slot.kv = {"block_size": status.kv_block_size, "blocks_total": status.kv_blocks_total,
                    "blocks_used": status.kv_blocks_used,

@@ -68,6 +68,9 @@ PRESETS: dict[str, Preset] = {
     "tiny": Preset(64, 2, 2, 1, 32, 256, False, "tiny random qwen3 (untied head)"),
     # ~31M parameters, most of them the embedding (the benchmark model of docs/PERFORMANCE.md).
     "small": Preset(192, 4, 4, 2, 48, 768, True, "small random qwen3, ~31M parameters"),
+    # 4 query and 4 KV heads: tensor-shards over 2 or 4 ranks (the distributed runner's tests).
+    "tiny-kv4": Preset(128, 2, 4, 4, 32, 256, False,
+                       "tiny random qwen3 with 4 KV heads (untied head)"),
     # ~147M parameters.
     "medium": Preset(512, 22, 8, 4, 64, 1408, True, "medium random qwen3, ~147M parameters"),
     "llama": _arch("llama", True, note=", Llama 3 rope scaling"),

@@ -1,7 +1,8 @@
-"""A runner sharded over 2 ranks (tensor parallel, mlx.distributed's ring backend on
-loopback), started by a real `mlxr serve` from MLXR_HOSTFILE: greedy output is token-identical
-to the single-process runner for a batch of 8 mixed-length requests; killing a rank mid-stream
-gives the client an error line within 2 s, and the next request starts a new group."""
+"""Runners sharded over several ranks (mlx.distributed's ring backend on loopback), started by a
+real `mlxr serve` from MLXR_HOSTFILE: greedy output is token-identical to the single-process
+runner for a batch of 8 mixed-length requests, with tensor sharding on 2 and 4 ranks and
+pipeline sharding on 2; killing a rank mid-stream gives the client an error line within 2 s,
+and the next request starts a new group."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from tests.harness.server import serving, wait_for
 pytestmark = pytest.mark.timeout(240)
 PROMPTS = [("word " * (3 + 37 * i)) + f"end {i}" for i in range(8)]
 LENGTHS = [6 + 4 * i for i in range(8)]
+# Shorter, for the groups whose every step crosses more ranks than this machine has cores.
+SHORT = ([("word " * (3 + 9 * i)) + f"end {i}" for i in range(8)], [4 + 2 * i for i in range(8)])
 
 
 def ranks(server) -> list[dict]:
@@ -25,15 +28,22 @@ def ranks(server) -> list[dict]:
         return http.get("/api/ps").json()["models"][0]["ranks"]
 
 
-def answers(server) -> list[str]:
+def sharding(server) -> str:
+    with server.http() as http:
+        return http.get("/api/ps").json()["models"][0]["sharding"]
+
+
+def answers(server, model: str = "m", work=(PROMPTS, LENGTHS)) -> list[str]:
+    """Greedy replies to 8 prompts of mixed lengths, sent at once (one batch)."""
     client = server.client()
+    prompts, lengths = work
 
     def one(i: int) -> str:
-        return client.generate(model="m", prompt=PROMPTS[i], raw=True, options={
-            "temperature": 0, "num_predict": LENGTHS[i]}).response
+        return client.generate(model=model, prompt=prompts[i], raw=True, options={
+            "temperature": 0, "num_predict": lengths[i]}).response
 
-    with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        return list(pool.map(one, range(len(PROMPTS))))
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(one, range(len(prompts))))
 
 
 @pytest.fixture(scope="module")
@@ -42,26 +52,70 @@ def small_model(model_factory):
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory, subprocess_env, small_model):
-    yield from serving(tmp_path_factory.mktemp("single"), subprocess_env, {"m": small_model})
+def models(model_factory):
+    # small: 4 heads, 2 KV heads (tensor over 2); qwen2: pipeline in mlx-lm; tiny-kv4: 4 KV
+    # heads (tensor over 4)
+    return {"m": model_factory("small"), "q2": model_factory("qwen2"),
+            "t4": model_factory("tiny-kv4")}
 
 
 @pytest.fixture(scope="module")
-def sharded(tmp_path_factory, subprocess_env, small_model):
-    tmp = tmp_path_factory.mktemp("sharded")
+def single(tmp_path_factory, subprocess_env, models):
+    yield from serving(tmp_path_factory.mktemp("single"), subprocess_env, models,
+                       MLXR_MAX_LOADED_MODELS="3")
+
+
+def group_server(tmp_path_factory, subprocess_env, models, ranks: int, **env):
+    tmp = tmp_path_factory.mktemp("group")
     hostfile = tmp / "hosts.json"
-    hostfile.write_text(json.dumps([{"ssh": "localhost", "ips": ["127.0.0.1"]}] * 2))
-    yield from serving(tmp, subprocess_env, {"m": small_model}, MLXR_HOSTFILE=str(hostfile))
+    hostfile.write_text(json.dumps([{"ssh": "localhost", "ips": ["127.0.0.1"]}] * ranks))
+    yield from serving(tmp, subprocess_env, models, MLXR_HOSTFILE=str(hostfile), **env)
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory, subprocess_env, models):
+    yield from group_server(tmp_path_factory, subprocess_env, {"m": models["m"]}, 2)
 
 
 def test_two_ranks_give_the_single_runners_tokens(single, sharded):
     want = answers(single)
     assert len(set(want)) > 1
     assert answers(sharded) == want
+    assert sharding(sharded) == "tensor"
     shown = ranks(sharded)
     assert [r["rank"] for r in shown] == [0, 1]
     assert all(r["host"] == "localhost" and r["memory"] > 0 for r in shown)
     assert len(sharded.runner_pids()) == 2
+
+
+def test_pipeline_over_two_ranks_gives_the_single_runners_tokens(
+        single, tmp_path_factory, subprocess_env, models):
+    want = answers(single, "q2", SHORT)
+    for server in group_server(tmp_path_factory, subprocess_env, {"q2": models["q2"]}, 2,
+                               MLXR_SHARDING="pipeline"):
+        assert answers(server, "q2", SHORT) == want
+        assert sharding(server) == "pipeline"
+
+
+def test_tensor_over_four_ranks_gives_the_single_runners_tokens(
+        single, tmp_path_factory, subprocess_env, models):
+    want = answers(single, "t4", SHORT)
+    for server in group_server(tmp_path_factory, subprocess_env, {"t4": models["t4"]}, 4):
+        assert answers(server, "t4", SHORT) == want
+        assert [r["rank"] for r in ranks(server)] == [0, 1, 2, 3]
+        assert sharding(server) == "tensor"
+
+
+def test_a_model_that_cannot_be_sharded_is_a_clear_error(tmp_path_factory, subprocess_env,
+                                                          model_factory):
+    for server in group_server(tmp_path_factory, subprocess_env,
+                               {"tiny": model_factory("tiny")}, 2, MLXR_SHARDING="tensor"):
+        with server.http() as http:
+            reply = http.post("/api/generate", json={"model": "tiny", "prompt": "hi",
+                                                     "stream": False})
+        assert reply.status_code >= 400
+        assert "cannot shard this qwen3 model over 2 ranks by tensor" in reply.json()["error"]
+        assert server.runner_pids() == []
 
 
 def test_a_dead_rank_fails_the_stream_fast_and_the_group_restarts(sharded):

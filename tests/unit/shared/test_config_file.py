@@ -36,6 +36,7 @@ prefix_cache_bytes = "512MiB"
 max_load_failures = 5
 load_failure_cooldown = "30s"
 hostfile = "/etc/mlxr/hosts.json"
+sharding = "pipeline"
 [limits]
 memory_margin = 2147483648
 max_request_bytes = "64MiB"
