@@ -1,7 +1,7 @@
 """Every architecture in every format through the whole server, as users reach it: a random
-model of each architecture as safetensors (float32, bfloat16, MLX 4-bit) and as GGUF (F16,
-Q8_0, Q4_K) written from it, each created through the API (GGUF blobs pushed with the real
-ollama client's create_blob and named in `files`, as Ollama's CLI does), then:
+model of each architecture as safetensors (float32, bfloat16, MLX 4-bit) and as GGUF (Q4_K)
+written from it, each created through the API (GGUF blobs pushed with the real ollama client's
+create_blob and named in `files`, as Ollama's CLI does), then:
 - /api/chat streamed, greedy, to the length asked;
 - /v1/chat/completions (the openai client) with the same messages gives the same text, and a
   repeat reuses the prompt from the prefix cache;
@@ -26,7 +26,10 @@ from mlxr.supervisor.store.quantize import quantize_dir
 from mlxr.supervisor.store.random_model import ARCH_NAMES, write_random_model
 from tests.harness.server import start_server
 
-GGUF_TYPES = ("F16", "Q8_0", "Q4_K")
+# GGUF F16 and Q8_0 convert by the same path: tests/mlx/test_gguf_convert.py checks every
+# architecture in all four GGUF types in-process (tokens, and quantized values bit for bit);
+# here one type per architecture goes through the server.
+GGUF_TYPES = ("Q4_K",)
 FORMATS = ("f32", "bf16", "q4") + tuple(f"gguf-{t.lower()}" for t in GGUF_TYPES)
 MESSAGES = [{"role": "user", "content": "Write a line of Python: print('你好') 🙂"}]
 # The last prompt is longer than Gemma's sliding window (64 tokens in these models).
@@ -112,7 +115,7 @@ def _architecture(server, arch: str, tmp) -> list[str]:
     names = _create(server, arch, tmp)
     details = {m.model: m.details for m in server.client().list().models}
     assert details[f"{names['gguf-q4_k']}:latest"].format == "gguf"
-    assert details[f"{names['gguf-q8_0']}:latest"].quantization_level == "Q8_0"
+    assert details[f"{names['gguf-q4_k']}:latest"].quantization_level.startswith("Q4_K")
     for fmt in FORMATS:
         _exercise(server, names[fmt], batched=fmt in BATCHED)
     return list(names.values())
