@@ -130,7 +130,10 @@ def test_a_dead_rank_fails_the_stream_fast_and_the_group_restarts(sharded):
                 os.kill(follower, signal.SIGKILL)
                 killed_at = time.monotonic()
     assert killed_at is not None and time.monotonic() - killed_at < 2.0
-    assert "rank 1 of m:latest (on localhost) was killed by SIGKILL" in str(failure.value)
+    # whichever comes first: the supervisor naming the dead rank, or rank 0's own collective
+    # failing
+    assert "rank 1 of m:latest (on localhost) was killed by SIGKILL" in str(failure.value) \
+        or "connection to a peer was lost" in str(failure.value)
     assert wait_for(lambda: sharded.client().ps().models == [], timeout=10)
     reply = sharded.client().generate(model="m", prompt="again", options={"num_predict": 3})
     assert reply.eval_count == 3

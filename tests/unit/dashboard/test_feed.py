@@ -69,13 +69,14 @@ def test_many_pages_share_one_sampler():
     async def main():
         feed, service = make_feed()
         queues = [feed.subscribe() for _ in range(5)]
-        await asyncio.sleep(0.1)
+        while feed.ticks < 3:  # (a loaded machine may take longer than 3 ticks' time)
+            await asyncio.sleep(0.01)
         feed.close()
         return feed, service, queues
 
     feed, service, queues = asyncio.run(main())
-    assert feed.ticks >= 3
-    assert service.manager.refreshes == feed.ticks  # one runner read per pass, not per page
+    # one runner read per pass, not per page (close may cut the last pass after its read)
+    assert feed.ticks <= service.manager.refreshes <= feed.ticks + 1
     for q in queues:
         events = drain(q)
         assert events[0] == ("hello", {"version": "1.2.3"})
