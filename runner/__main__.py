@@ -180,13 +180,28 @@ def follow(config: RunnerConfig) -> None:
     from mlxr.runner.loader import load_model
     from mlxr.shared.blas import loaded_blas
 
-    group = join_group()
+    group = join_group(config)
     if group is None:
-        sys.exit("runner: --follower needs MLX_RANK and a group of 2 or more ranks")
+        sys.exit("runner: --follower needs a rank in a group of 2 or more ranks")
     loaded = load_model(config, loaded_blas().describe(), lambda progress: None, group)
     print(json.dumps({"event": "following", "rank": group.rank()}), file=sys.stderr,
           flush=True)
+    threading.Thread(target=_report_memory, daemon=True).start()
     Follower(group, loaded.model_step).serve()
+
+
+def _report_memory(every_s: float = 2.0) -> None:
+    """A follower has no HTTP: it tells the supervisor its memory on its output (the only
+    channel a rank on another host has), for /api/ps."""
+    import psutil
+
+    me = psutil.Process()
+    while True:
+        host = psutil.virtual_memory()
+        print(json.dumps({"event": "memory", "rss": me.memory_info().rss,
+                          "host_total": host.total, "host_available": host.available}),
+              file=sys.stderr, flush=True)
+        time.sleep(every_s)
 
 
 if __name__ == "__main__":

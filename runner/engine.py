@@ -155,7 +155,7 @@ class Engine:
     def _load(self) -> None:
         from mlxr.runner.distributed.lockstep import Leader, join_group
 
-        group = join_group()
+        group = join_group(self.config)
         loaded = load_model(self.config, self.blas.describe(), self._set_progress, group)
         if group is not None:
             self.leader = Leader(group, loaded.model_step)

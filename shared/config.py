@@ -169,6 +169,9 @@ class Settings:
     # (supervisor/runners/group.py); None: one runner process per model.
     hostfile: Path | None = None
     sharding: str = "auto"  # MLXR_SHARDING: tensor, pipeline or auto (RunnerConfig.sharding)
+    # How ranks on other hosts are started (MLXR_REMOTE_SHELL): this command, then the host,
+    # then the command line to run there, as `ssh HOST COMMAND` (mlx.launch's way).
+    remote_shell: str = "ssh"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -256,6 +259,8 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
         values["hostfile"] = Path(env["MLXR_HOSTFILE"]).expanduser()
     if env.get("MLXR_SHARDING"):
         values["sharding"] = _parse_sharding(env["MLXR_SHARDING"])
+    if env.get("MLXR_REMOTE_SHELL"):
+        values["remote_shell"] = env["MLXR_REMOTE_SHELL"]
     return values
 
 
@@ -301,9 +306,14 @@ class RunnerConfig:
     # The library to preload (the supervisor's probed choice), "off", or "auto": choose here,
     # as the supervisor would (a runner started by hand).
     blas: str = "auto"
-    # A distributed runner's rank 1..N-1 (MLX_RANK and MLX_HOSTFILE in the environment, as
-    # mlx.launch sets them): no HTTP, it follows rank 0's steps.
+    # A distributed runner's rank 1..N-1: no HTTP, it follows rank 0's steps.
     follower: bool = False
+    # A distributed runner's place in its group: this rank, and every rank's "ip:port" (the
+    # ring backend's hostfile, written by the rank itself, so a rank on another host needs
+    # no file from us). rank -1: MLX_RANK and MLX_HOSTFILE from the environment, if set (as
+    # mlx.launch sets them), else not distributed.
+    rank: int = -1
+    ring: tuple[str, ...] = ()
     # How a distributed runner's ranks split the model: "tensor", "pipeline", or "auto"
     # (tensor where the heads divide among the ranks, else pipeline).
     sharding: str = "auto"
@@ -314,4 +324,7 @@ class RunnerConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RunnerConfig":
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        values = {k: v for k, v in d.items() if k in names}
+        if "ring" in values:
+            values["ring"] = tuple(str(a) for a in values["ring"])
+        return cls(**values)

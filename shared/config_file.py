@@ -44,6 +44,7 @@ FILE_KEYS: dict[str, dict[str, tuple[str, str]]] = {
         "max_load_failures": ("max_load_failures", "int"),
         "load_failure_cooldown": ("load_failure_cooldown_s", "duration"),
         "hostfile": ("hostfile", "path"), "sharding": ("sharding", "sharding"),
+        "remote_shell": ("remote_shell", "str"),
     },
     "limits": {
         "memory_margin": ("memory_margin_bytes", "size"),

@@ -27,8 +27,10 @@ Invariants (checked by the tests against the single-process runner, token for to
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,15 +43,31 @@ log = logging.getLogger("mlxr.runner")
 POOL_OPS = frozenset({"reset", "admit", "reserve", "commit", "release"})
 
 
-def join_group() -> Any:
-    """This process's group when started as a rank (MLX_RANK set by the launcher), else None.
-    The backend is mlx.launch's choice (MLX_DISTRIBUTED_BACKEND, default the ring)."""
+def join_group(config: Any) -> Any:
+    """This process's group when started as a rank, else None: the rank and ring from the
+    config (the supervisor's way), else MLX_RANK and MLX_HOSTFILE (mlx.launch's). The backend
+    is MLXR_DISTRIBUTED_BACKEND, default the ring."""
+    if config.ring:
+        if not 0 <= config.rank < len(config.ring):
+            raise ValueError(f"rank {config.rank} is not one of the ring's {len(config.ring)}")
+        fd, path = tempfile.mkstemp(prefix="mlxr-ring-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            f.write(orjson.dumps([[address] for address in config.ring]).decode())
+        os.environ["MLX_RANK"], os.environ["MLX_HOSTFILE"] = str(config.rank), path
+        atexit.register(_unlink, path)
     if os.environ.get("MLX_RANK") is None:
         return None
     backend = os.environ.get("MLXR_DISTRIBUTED_BACKEND", "ring")
     group = mx.distributed.init(backend=backend, strict=True)
     log.info("distributed: rank %d of %d (%s)", group.rank(), group.size(), backend)
     return group if group.size() > 1 else None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _tensor_splits(model: Any, ranks: int) -> bool:

@@ -27,6 +27,7 @@ from mlxr.supervisor.inference.types import (ChatRequest, Completion, Delta, Emb
                                              EmbedResult, Final, GenerateRequest, RunningModel)
 from mlxr.supervisor.metrics import Metrics
 from mlxr.supervisor.runners import memory
+from mlxr.supervisor.runners.group import Host, read_hostfile
 from mlxr.supervisor.runners.manager import Lease, LoadSpec, RunnerManager
 from mlxr.supervisor.store.conversions import ensure_converted
 from mlxr.supervisor.store.store import model_details
@@ -81,7 +82,7 @@ class Service:
         self.store = store
         self.manager = manager
         self.metrics = metrics or Metrics()
-        self._estimates: dict[tuple[str, int], memory.MemoryEstimate] = {}
+        self._estimates: dict[tuple, memory.MemoryEstimate] = {}
 
     # -- public API ----------------------------------------------------------------------
 
@@ -302,11 +303,36 @@ class Service:
 
     def _spec(self, record: Any, runner_dir: Path, options: Options) -> LoadSpec:
         num_ctx = int(options.num_ctx or self.settings.context_length)
-        key = (str(runner_dir), num_ctx)
+        hosts = self._hosts(record)
+        ranks = len(hosts) if hosts else 1
+        local = sum(h.local for h in hosts) if hosts else 1
+        key = (str(runner_dir), num_ctx, ranks, local)
         est = self._estimates.get(key)
         if est is None:
-            est = self._estimates[key] = memory.estimate(runner_dir, num_ctx,
-                                                         self.settings.num_parallel)
+            est = self._estimates[key] = memory.estimate(
+                runner_dir, num_ctx, self.settings.num_parallel, ranks=ranks, local_ranks=local)
+        params = record.params or {}
         return LoadSpec(name=record.name, model_dir=runner_dir, estimate_bytes=est.total_bytes,
                         context_length=num_ctx, kv_cache_bytes=est.kv_bytes,
-                        min_kv_bytes=est.min_kv_bytes, digest=record.digest, info=record)
+                        min_kv_bytes=est.min_kv_bytes, digest=record.digest, info=record,
+                        hosts=hosts, local_ranks=est.local_ranks,
+                        sharding=str(params.get("sharding") or self.settings.sharding))
+
+    def _hosts(self, record: Any) -> tuple[Host, ...] | None:
+        """The ranks to shard a model over: the server's hostfile for a language model, unless
+        its Modelfile says `PARAMETER distributed false`; `distributed true` without a
+        hostfile is an error. Vision and embedding models run in one process."""
+        wanted = (record.params or {}).get("distributed")
+        hostfile = self.settings.hostfile
+        if wanted is False:
+            return None
+        if hostfile is None:
+            if wanted:
+                raise InvalidRequest(f'"{record.name}" is marked distributed (PARAMETER '
+                                     f'distributed true) but the server has no hostfile: set '
+                                     f'MLXR_HOSTFILE')
+            return None
+        caps = capabilities(record)
+        if not wanted and ("completion" not in caps or "vision" in caps):
+            return None
+        return tuple(read_hostfile(hostfile))

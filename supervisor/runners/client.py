@@ -15,6 +15,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import collections
 import ctypes
 import json
@@ -37,8 +38,8 @@ from mlxr.shared.errors import (InvalidModelFile, MlxrError, RunnerFailed, from_
 from mlxr.shared.exits import describe_exit
 from mlxr.shared.protocol import Chunk, CompletionRequest, EmbedRequest, EmbedResponse, RunnerStatus
 from mlxr.shared.runner_auth import auth_header, make_token
-from mlxr.supervisor.runners.group import (Follower, GroupMixin, Host, group_env, kill_all,
-                                           read_hostfile, spawn_follower)
+from mlxr.supervisor.runners.group import (Follower, GroupMixin, Host, check_remote_memory,
+                                           kill_all, ring_addresses, spawn_follower)
 
 log = logging.getLogger("mlxr.runner")
 
@@ -406,19 +407,18 @@ class RunnerGroup(GroupMixin, RunnerClient):
 
     @classmethod
     async def spawn_group(cls, config: RunnerConfig, hosts: list[Host], *, module: str,
-                          blas: str | None) -> "RunnerGroup":
-        env, folder = group_env(hosts, runner_env(blas))
+                          blas: str | None, remote_shell: str = "ssh") -> "RunnerGroup":
+        config = dataclasses.replace(config, rank=0, ring=ring_addresses(hosts))
+        env = runner_env(blas)
         followers: list[Follower] = []
         try:
             for rank in range(1, len(hosts)):
                 followers.append(await spawn_follower(rank, hosts[rank], config, module, env,
-                                                      _death_signal_preexec()))
-            return await cls.spawn(config, module=module, blas=blas,
-                                   env={**env, "MLX_RANK": "0"}, followers=followers,
-                                   hosts=hosts, group_dir=folder)
+                                                      _death_signal_preexec(), remote_shell))
+            return await cls.spawn(config, module=module, blas=blas, env=env,
+                                   followers=followers, hosts=hosts)
         except BaseException:
             kill_all(followers)
-            shutil.rmtree(folder, ignore_errors=True)
             raise
 
 
@@ -429,17 +429,19 @@ def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
 
     async def start(spec: Any) -> RunnerClient:
         library = (await blas.choice()).path
+        hosts = getattr(spec, "hosts", None)
         config = RunnerConfig(
             model_dir=str(spec.model_dir), model_name=spec.name, host="127.0.0.1",
             port=free_port(), num_parallel=settings.num_parallel,
             context_length=spec.context_length, prefix_cache_bytes=settings.prefix_cache_bytes,
-            kv_cache_bytes=spec.kv_cache_bytes, kv_layout=settings.kv_layout,
-            watch_stdin=True, token_stdin=True,
-            blas=library or "off", sharding=settings.sharding)
-        if settings.hostfile is not None:  # one runner made of the hostfile's ranks
+            kv_cache_bytes=spec.kv_cache_bytes // max(getattr(spec, "local_ranks", 1), 1),
+            kv_layout=settings.kv_layout, watch_stdin=True, token_stdin=True,
+            blas=library or "off", sharding=getattr(spec, "sharding", settings.sharding))
+        if hosts:  # one runner made of the hostfile's ranks
+            await check_remote_memory(spec, settings.remote_shell)
             client: RunnerClient = await RunnerGroup.spawn_group(
-                config, read_hostfile(settings.hostfile), module=settings.runner_module,
-                blas=library)
+                config, list(hosts), module=settings.runner_module, blas=library,
+                remote_shell=settings.remote_shell)
         else:
             client = await RunnerClient.spawn(config, module=settings.runner_module,
                                               blas=library)

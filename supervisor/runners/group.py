@@ -7,11 +7,13 @@ first rank exits (so one rank's death tears the group down and the next request 
 one; rank 0 has already ended its streams with an error line: "connection to a peer was
 lost"), and `stop` stops them all.
 
-The ranks find each other as mlx.launch's ring backend does: MLX_RANK and MLX_HOSTFILE (a JSON
-list of each rank's "ip:port") in their environment. `MLXR_HOSTFILE` is mlx.launch's own
-hostfile format: `[{"ssh": "host", "ips": ["10.0.0.2"]}, ...]`, one entry per rank, rank 0
-first. Only hosts that are this machine are started today (several ranks on loopback); a
-remote host is refused with a message saying so.
+The ranks find each other as mlx.launch's ring backend does: each rank is told its rank and
+every rank's "ip:port" (RunnerConfig.rank and .ring; the rank writes the ring's hostfile
+itself). `MLXR_HOSTFILE` is mlx.launch's own hostfile format: `[{"ssh": "host", "ips":
+["10.0.0.2"]}, ...]`, one entry per rank, rank 0 first. Rank 0 runs here (the supervisor
+talks to it on loopback); a rank on another host is started there through the remote shell
+(`MLXR_REMOTE_SHELL`, default `ssh`: `ssh HOST COMMAND`, as mlx.launch does), with the same
+Python and the same store paths, and reports its memory on its output.
 """
 
 from __future__ import annotations
@@ -20,12 +22,11 @@ import asyncio
 import collections
 import json
 import logging
-import os
-import shutil
+import random
+import shlex
 import signal
 import socket
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,18 +34,22 @@ from typing import Any
 import psutil
 
 from mlxr.shared.config import RunnerConfig
-from mlxr.shared.errors import InvalidRequest, RunnerFailed
+from mlxr.shared.errors import InsufficientMemory, InvalidRequest, RunnerFailed
 from mlxr.shared.exits import describe_exit
 
 log = logging.getLogger("mlxr.runners")
+GIB = float(1 << 30)
 STOP_GRACE_S = 5.0
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+# What a rank on another host gets from our environment (the rest is its own).
+REMOTE_ENV = ("PYTHONPATH", "MLXR_DISTRIBUTED_BACKEND", "MLX_METAL_FAST_SYNCH")
 
 
 @dataclass(frozen=True, slots=True)
 class Host:
     ssh: str
     ip: str
+    local: bool = True  # this machine: started directly, else through the remote shell
 
 
 def read_hostfile(path: Path) -> list[Host]:
@@ -56,17 +61,22 @@ def read_hostfile(path: Path) -> list[Host]:
     if not isinstance(data, list) or len(data) < 2:
         raise InvalidRequest(f"the hostfile {path} must list 2 or more hosts (one per rank)")
     hosts = []
-    local = LOCAL_NAMES | {socket.gethostname()}
+    local = LOCAL_NAMES | {socket.gethostname(), socket.getfqdn()}
     for i, entry in enumerate(data):
-        if not isinstance(entry, dict) or not isinstance(entry.get("ssh"), str):
+        if not isinstance(entry, dict) or not isinstance(entry.get("ssh"), str) \
+                or not entry["ssh"].strip() or entry["ssh"].startswith("-"):
             raise InvalidRequest(f'the hostfile {path}: entry {i} needs "ssh" (a host name)')
         ips = entry.get("ips") or []
         if not isinstance(ips, list) or not all(isinstance(ip, str) for ip in ips):
             raise InvalidRequest(f'the hostfile {path}: entry {i}\'s "ips" must be strings')
-        if entry["ssh"] not in local:
-            raise InvalidRequest(f"the hostfile {path}: host {entry['ssh']!r} is not this "
-                                 f"machine; ranks on other hosts are not started yet")
-        hosts.append(Host(entry["ssh"], ips[0] if ips else "127.0.0.1"))
+        is_local = entry["ssh"] in local
+        if not is_local and not ips:
+            raise InvalidRequest(f'the hostfile {path}: entry {i} (host {entry["ssh"]!r}) '
+                                 f'needs "ips": the address the other ranks reach it at')
+        hosts.append(Host(entry["ssh"], ips[0] if ips else "127.0.0.1", is_local))
+    if not hosts[0].local:
+        raise InvalidRequest(f"the hostfile {path}: the first entry (rank 0) must be this "
+                             f"machine, which serves the model's HTTP; {hosts[0].ssh!r} is not")
     return hosts
 
 
@@ -76,33 +86,50 @@ def _free_port(ip: str) -> int:
         return s.getsockname()[1]
 
 
-def ring_hostfile(hosts: list[Host], folder: Path) -> Path:
-    """MLX_HOSTFILE for the ring backend: each rank's address, a fresh port each."""
-    path = folder / "ring.json"
-    path.write_text(json.dumps([[f"{h.ip}:{_free_port(h.ip)}"] for h in hosts]))
-    return path
+def ring_addresses(hosts: list[Host]) -> tuple[str, ...]:
+    """Each rank's "ip:port" for the ring backend: a free port where the address is ours to
+    probe, else one drawn at random from the dynamic range (a rank that cannot bind it fails
+    the group's start, and the next request draws again)."""
+    out = []
+    for h in hosts:
+        try:
+            port = _free_port(h.ip)
+        except OSError:  # an address of another host
+            port = random.randrange(40000, 60000)
+        out.append(f"{h.ip}:{port}")
+    return tuple(out)
 
 
 class Follower:
-    """One rank 1..N-1 process and the last lines it wrote."""
+    """One rank 1..N-1 process (here, or the remote shell that runs it), the last lines it
+    wrote, and the memory it last reported."""
 
     def __init__(self, rank: int, host: Host, process: asyncio.subprocess.Process):
         self.rank = rank
         self.host = host
         self.process = process
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
+        self.memory: dict[str, int] = {}
         self.reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
         assert self.process.stdout is not None
         async for raw in self.process.stdout:
-            self.tail.append(raw.decode(errors="replace").rstrip())
+            line = raw.decode(errors="replace").rstrip()
+            if line.startswith('{"event": "memory"'):
+                try:
+                    self.memory = {k: int(v) for k, v in json.loads(line).items()
+                                   if k != "event"}
+                except (ValueError, TypeError):
+                    pass
+                continue
+            self.tail.append(line)
 
     async def stop(self) -> None:
         proc = self.process
         if proc.returncode is None:
             if proc.stdin is not None and not proc.stdin.is_closing():
-                proc.stdin.close()  # its stdin watch exits it
+                proc.stdin.close()  # its stdin watch exits it (over ssh too)
             try:
                 await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
             except asyncio.TimeoutError:
@@ -111,17 +138,36 @@ class Follower:
         self.reader.cancel()
 
 
+def follower_command(rank: int, host: Host, config: RunnerConfig, module: str,
+                     env: dict[str, str], remote_shell: str) -> tuple[list[str], dict[str, str]]:
+    """How to start rank `rank`: argv and environment. A remote rank runs the same Python
+    through the remote shell (`ssh HOST COMMAND`), chooses its own BLAS for its own CPU, and
+    gets in its command line the few variables it needs from ours."""
+    follower = RunnerConfig.from_dict({
+        **config.to_dict(), "follower": True, "token_stdin": False, "port": 0, "rank": rank,
+        "blas": config.blas if host.local else "auto"})
+    argv = [sys.executable, "-m", module, "--follower", "--config",
+            json.dumps(follower.to_dict())]
+    if host.local:
+        return argv, env
+    passed = [f"{k}={env[k]}" for k in REMOTE_ENV if env.get(k)]
+    command = shlex.join(["env", *passed, *argv])
+    return [*shlex.split(remote_shell), host.ssh, command], env
+
+
 async def spawn_follower(rank: int, host: Host, config: RunnerConfig, module: str,
-                         env: dict[str, str], preexec: Any) -> Follower:
-    follower_config = RunnerConfig.from_dict({**config.to_dict(), "follower": True,
-                                              "token_stdin": False, "port": 0})
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, "--follower", "--config",
-        json.dumps(follower_config.to_dict()),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, env={**env, "MLX_RANK": str(rank)},
-        preexec_fn=preexec, start_new_session=True)
-    log.info("started rank %d of %s (pid %d)", rank, config.model_name, process.pid)
+                         env: dict[str, str], preexec: Any, remote_shell: str) -> Follower:
+    argv, env = follower_command(rank, host, config, module, env, remote_shell)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, env=env, preexec_fn=preexec,
+            start_new_session=True)
+    except OSError as exc:
+        raise RunnerFailed(f"cannot start rank {rank} of {config.model_name} on "
+                           f"{host.ssh}: {exc}") from None
+    log.info("started rank %d of %s on %s (pid %d)", rank, config.model_name, host.ssh,
+             process.pid)
     return Follower(rank, host, process)
 
 
@@ -130,7 +176,6 @@ class GroupMixin:
 
     followers: list[Follower]
     hosts: list[Host]
-    group_dir: Path | None
 
     @property
     def alive(self) -> bool:
@@ -173,27 +218,22 @@ class GroupMixin:
     async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         await super().stop(grace_s)  # rank 0 says stop to the others as it ends
         await asyncio.gather(*(f.stop() for f in self.followers))
-        if self.group_dir is not None:
-            shutil.rmtree(self.group_dir, ignore_errors=True)
 
     def ranks(self) -> list[dict[str, Any]]:
-        """Each rank's host, pid and resident memory, for /api/ps."""
+        """Each rank's host, pid and resident memory, for /api/ps: rank 0's from here, the
+        others' as they last reported it (the pid is the local process: the rank itself, or
+        the remote shell that runs it)."""
         out = []
-        for rank, (host, proc) in enumerate(
-                [(self.hosts[0], self.process)] + [(f.host, f.process) for f in self.followers]):
-            try:
-                memory = psutil.Process(proc.pid).memory_info().rss
-            except (psutil.Error, ProcessLookupError):
-                memory = 0
-            out.append({"rank": rank, "host": host.ssh, "pid": proc.pid, "memory": memory})
+        try:
+            memory = psutil.Process(self.process.pid).memory_info().rss
+        except (psutil.Error, ProcessLookupError):
+            memory = 0
+        out.append({"rank": 0, "host": self.hosts[0].ssh, "pid": self.process.pid,
+                    "memory": memory})
+        for f in self.followers:
+            out.append({"rank": f.rank, "host": f.host.ssh, "pid": f.process.pid,
+                        "memory": f.memory.get("rss", 0)})
         return out
-
-
-def group_env(hosts: list[Host], base: dict[str, str]) -> tuple[dict[str, str], Path]:
-    """The environment every rank shares (MLX_HOSTFILE), and the private folder it is in."""
-    folder = Path(tempfile.mkdtemp(prefix="mlxr-group-"))
-    os.chmod(folder, 0o700)
-    return {**base, "MLX_HOSTFILE": str(ring_hostfile(hosts, folder))}, folder
 
 
 def kill_all(followers: list[Follower]) -> None:
@@ -203,3 +243,47 @@ def kill_all(followers: list[Follower]) -> None:
                 f.process.send_signal(signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+PROBE_TIMEOUT_S = 30.0
+_PROBE = "import psutil; print(psutil.virtual_memory().available)"
+
+
+async def host_available(host: Host, remote_shell: str) -> int:
+    """Another host's available memory, asked through the remote shell."""
+    command = shlex.join([sys.executable, "-c", _PROBE])
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *shlex.split(remote_shell), host.ssh, command, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(process.communicate(), PROBE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        process.kill()
+        raise RunnerFailed(f"host {host.ssh} did not answer within {PROBE_TIMEOUT_S:.0f}s "
+                           f"({remote_shell} {host.ssh})") from None
+    except OSError as exc:
+        raise RunnerFailed(f"cannot reach host {host.ssh} with {remote_shell!r}: {exc}") from None
+    try:
+        return int(out.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        detail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no answer"]
+        raise RunnerFailed(f"cannot reach host {host.ssh} with {remote_shell!r}: "
+                           f"{detail[0]}") from None
+
+
+async def check_remote_memory(spec: Any, remote_shell: str) -> None:
+    """Memory planning for the other hosts (this host's share is the manager's to place):
+    each remote host must have room for its ranks' shares, else the load is refused with
+    the host named, before any rank starts."""
+    hosts = list(spec.hosts)
+    per_rank = spec.estimate_bytes // max(spec.local_ranks, 1)
+    remote: dict[Host, int] = collections.Counter(h for h in hosts if not h.local)
+    if not remote:
+        return
+    available = await asyncio.gather(*(host_available(h, remote_shell) for h in remote))
+    for (host, count), free in zip(remote.items(), available):
+        if per_rank * count > free:
+            raise InsufficientMemory(
+                f"model requires more system memory on {host.ssh} ({per_rank * count / GIB:.1f}"
+                f" GiB for {count} rank{'s' if count > 1 else ''}) than is available there "
+                f"({free / GIB:.1f} GiB)")

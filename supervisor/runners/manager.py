@@ -71,6 +71,11 @@ class LoadSpec:
     min_kv_bytes: int = 0  # the KV budget may shrink to this (one full context) to fit
     digest: str = ""
     info: Any = None  # the store's record, for /api/ps
+    # A distributed runner: every rank's host (rank 0 first), how many are on this host (the
+    # figures above are theirs: kv_cache_bytes / local_ranks is each one's pool), the split.
+    hosts: tuple | None = None
+    local_ranks: int = 1
+    sharding: str = "auto"
 
 
 @dataclass(slots=True, eq=False)

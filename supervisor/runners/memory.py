@@ -23,13 +23,21 @@ GIB = float(1 << 30)
 
 @dataclass(slots=True)
 class MemoryEstimate:
+    """What loading takes on this host. For a distributed runner the figures are this host's
+    ranks' shares, and `kv_bytes` is still one rank's KV budget times the local ranks."""
     weights_bytes: int
     kv_bytes: int  # num_parallel full contexts
     min_kv_bytes: int = 0  # one full context: the least a runner can work with
+    local_ranks: int = 1  # a distributed runner's ranks on this host (each gets kv/local)
 
     @property
     def total_bytes(self) -> int:
         return int(self.weights_bytes * WEIGHT_OVERHEAD) + self.kv_bytes
+
+    @property
+    def rank_kv_bytes(self) -> int:
+        """The KV budget each local rank's pool is sized from."""
+        return self.kv_bytes // max(self.local_ranks, 1)
 
 
 def available_bytes() -> int:
@@ -60,16 +68,37 @@ def kv_bytes_per_token(config: dict) -> int:
     return 2 * layers * kv_heads * head_dim * dtype
 
 
-def estimate(model_dir: Path, context_length: int, num_parallel: int) -> MemoryEstimate:
-    """What loading `model_dir` will take: weights with overhead, and a KV cache big enough for
-    `num_parallel` full contexts (the budget handed to the runner as kv_cache_bytes)."""
+def embedding_bytes(config: dict, weights: int) -> int:
+    """The token embedding (and an untied output head): what every rank of a sharded model
+    holds whole (mlx-lm shards the layers, not these). At most the weights themselves (a
+    quantized model's are smaller than vocab x hidden x dtype)."""
+    cfg = config.get("text_config", config)
+    vocab, hidden = int(cfg.get("vocab_size") or 0), int(cfg.get("hidden_size") or 0)
+    dtype = _DTYPE_BYTES.get(str(cfg.get("torch_dtype") or config.get("torch_dtype")), 2)
+    tied = cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", True))
+    return min(vocab * hidden * dtype * (1 if tied else 2), weights)
+
+
+def estimate(model_dir: Path, context_length: int, num_parallel: int, *, ranks: int = 1,
+             local_ranks: int = 1) -> MemoryEstimate:
+    """What loading `model_dir` will take here: weights with overhead, and a KV cache big
+    enough for `num_parallel` full contexts (the budget handed to the runner as
+    kv_cache_bytes). Sharded over `ranks` ranks, `local_ranks` of them on this host, each
+    rank holds the embedding whole and 1/ranks of the layers and of the KV cache."""
     try:
         config = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         config = {}
+    weights = weights_bytes(model_dir)
     per_context = kv_bytes_per_token(config) * context_length
-    return MemoryEstimate(weights_bytes(model_dir), per_context * max(1, num_parallel),
-                          per_context)
+    if ranks <= 1:
+        return MemoryEstimate(weights, per_context * max(1, num_parallel), per_context)
+    whole = embedding_bytes(config, weights)
+    rank_weights = whole + (weights - whole) // ranks
+    rank_context = per_context // ranks
+    return MemoryEstimate(rank_weights * local_ranks,
+                          rank_context * max(1, num_parallel) * local_ranks,
+                          rank_context * local_ranks, local_ranks)
 
 
 class Placed(Protocol):

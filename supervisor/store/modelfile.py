@@ -15,8 +15,11 @@ _INT_PARAMS = {"num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "num
                "num_batch", "num_gpu", "main_gpu", "num_thread", "draft_num_predict"}
 _FLOAT_PARAMS = {"top_p", "min_p", "typical_p", "temperature", "repeat_penalty",
                  "presence_penalty", "frequency_penalty"}
-_BOOL_PARAMS = {"use_mmap"}
+_BOOL_PARAMS = {"use_mmap", "distributed"}
 _LIST_PARAMS = {"stop"}
+# mlxr's own, read when the model loads (docs/distributed.md): `distributed` (shard over the
+# server's hostfile, or not), `sharding` (how).
+_CHOICE_PARAMS = {"sharding": ("auto", "tensor", "pipeline")}
 MESSAGE_ROLES = ("system", "user", "assistant")
 COMMANDS = ("from", "parameter", "template", "system", "license", "message", "adapter")
 
@@ -76,6 +79,12 @@ def parse_parameter(name: str, value: Any) -> Any:
         if text in ("0", "f", "false"):
             return False
         raise bad("bool")
+    if name in _CHOICE_PARAMS:
+        text = str(value).strip().lower()
+        if text not in _CHOICE_PARAMS[name]:
+            raise InvalidRequest(f"invalid value for parameter {name}: {value!r} "
+                                 f"(one of {', '.join(_CHOICE_PARAMS[name])})")
+        return text
     raise InvalidRequest(f"unknown parameter '{name}'")
 
 

@@ -1,8 +1,10 @@
-"""Runners sharded over several ranks (mlx.distributed's ring backend on loopback), started by a
-real `mlxr serve` from MLXR_HOSTFILE: greedy output is token-identical to the single-process
+"""Runners sharded over several ranks (mlx.distributed's ring backend), started by a real
+`mlxr serve` from MLXR_HOSTFILE: greedy output is token-identical to the single-process
 runner for a batch of 8 mixed-length requests, with tensor sharding on 2 and 4 ranks and
 pipeline sharding on 2; killing a rank mid-stream gives the client an error line within 2 s,
-and the next request starts a new group."""
+and the next request starts a new group. The 4-rank group puts ranks 1-3 on stand-in hosts
+(tests/harness/hosts.py: network namespaces joined by veth where the machine allows it),
+started through the remote shell as ssh would start them."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 
+from tests.harness.hosts import make_hosts
 from tests.harness.server import serving, wait_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -65,16 +69,19 @@ def single(tmp_path_factory, subprocess_env, models):
                        MLXR_MAX_LOADED_MODELS="3")
 
 
-def group_server(tmp_path_factory, subprocess_env, models, ranks: int, **env):
+def group_server(tmp_path_factory, subprocess_env, models, ranks: int | list[dict], **env):
     tmp = tmp_path_factory.mktemp("group")
     hostfile = tmp / "hosts.json"
-    hostfile.write_text(json.dumps([{"ssh": "localhost", "ips": ["127.0.0.1"]}] * ranks))
+    entries = ranks if isinstance(ranks, list) else \
+        [{"ssh": "localhost", "ips": ["127.0.0.1"]}] * ranks
+    hostfile.write_text(json.dumps(entries))
     yield from serving(tmp, subprocess_env, models, MLXR_HOSTFILE=str(hostfile), **env)
 
 
 @pytest.fixture(scope="module")
-def sharded(tmp_path_factory, subprocess_env, models):
-    yield from group_server(tmp_path_factory, subprocess_env, {"m": models["m"]}, 2)
+def sharded(tmp_path_factory, subprocess_env, models, model_factory):
+    yield from group_server(tmp_path_factory, subprocess_env,
+                            {"m": models["m"], "tiny": model_factory("tiny")}, 2)
 
 
 def test_two_ranks_give_the_single_runners_tokens(single, sharded):
@@ -97,25 +104,56 @@ def test_pipeline_over_two_ranks_gives_the_single_runners_tokens(
         assert sharding(server) == "pipeline"
 
 
-def test_tensor_over_four_ranks_gives_the_single_runners_tokens(
+def test_tensor_over_four_ranks_on_other_hosts_gives_the_single_runners_tokens(
         single, tmp_path_factory, subprocess_env, models):
     want = answers(single, "t4", SHORT)
-    for server in group_server(tmp_path_factory, subprocess_env, {"t4": models["t4"]}, 4):
-        assert answers(server, "t4", SHORT) == want
-        assert [r["rank"] for r in ranks(server)] == [0, 1, 2, 3]
-        assert sharding(server) == "tensor"
+    hosts = make_hosts(tmp_path_factory.mktemp("hosts"), 3)
+    try:
+        for server in group_server(tmp_path_factory, subprocess_env, {"t4": models["t4"]},
+                                   hosts.entries, MLXR_REMOTE_SHELL=hosts.remote_shell):
+            assert answers(server, "t4", SHORT) == want
+            assert sharding(server) == "tensor"
+            assert [(r["rank"], r["host"]) for r in ranks(server)] == \
+                [(i, e["ssh"]) for i, e in enumerate(hosts.entries)]
+            # each rank's memory as it reported it (every 2 s)
+            assert wait_for(lambda: all(r["memory"] > 0 for r in ranks(server)), timeout=5)
+            if hosts.netns:  # the stand-ins really are other hosts: rank 1 is not here
+                rank1 = psutil.Process(ranks(server)[1]["pid"])
+                assert os.readlink(f"/proc/{rank1.pid}/ns/net") != os.readlink(
+                    "/proc/self/ns/net")
+    finally:
+        hosts.close()
 
 
-def test_a_model_that_cannot_be_sharded_is_a_clear_error(tmp_path_factory, subprocess_env,
-                                                          model_factory):
-    for server in group_server(tmp_path_factory, subprocess_env,
-                               {"tiny": model_factory("tiny")}, 2, MLXR_SHARDING="tensor"):
+def test_an_unreachable_host_fails_the_load_clearly(tmp_path_factory, subprocess_env, models):
+    entries = [{"ssh": "localhost"}, {"ssh": "no-such-host", "ips": ["192.0.2.1"]}]
+    shell = tmp_path_factory.mktemp("shell") / "ssh"
+    shell.write_text('#!/bin/sh\necho "ssh: Could not resolve hostname $1" >&2\nexit 255\n')
+    shell.chmod(0o755)
+    for server in group_server(tmp_path_factory, subprocess_env, {"m": models["m"]}, entries,
+                               MLXR_REMOTE_SHELL=str(shell)):
         with server.http() as http:
-            reply = http.post("/api/generate", json={"model": "tiny", "prompt": "hi",
+            reply = http.post("/api/generate", json={"model": "m", "prompt": "hi",
                                                      "stream": False})
-        assert reply.status_code >= 400
-        assert "cannot shard this qwen3 model over 2 ranks by tensor" in reply.json()["error"]
+        assert reply.status_code == 500
+        assert reply.json()["error"] == (f"cannot reach host no-such-host with '{shell}': "
+                                         f"ssh: Could not resolve hostname no-such-host")
         assert server.runner_pids() == []
+
+
+def test_a_model_that_cannot_be_sharded_is_a_clear_error(sharded):
+    # tiny's 1 KV head does not divide among 2 ranks; its Modelfile asks for tensor sharding
+    before = len(sharded.runner_pids())
+    with sharded.http() as http:
+        made = http.post("/api/create", json={"model": "tiny-tensor", "from": "tiny",
+                                              "stream": False,
+                                              "parameters": {"sharding": "tensor"}})
+        assert made.status_code == 200, made.text
+        reply = http.post("/api/generate", json={"model": "tiny-tensor", "prompt": "hi",
+                                                 "stream": False})
+    assert reply.status_code >= 400
+    assert "cannot shard this qwen3 model over 2 ranks by tensor" in reply.json()["error"]
+    assert wait_for(lambda: len(sharded.runner_pids()) <= before, timeout=5)
 
 
 def test_a_dead_rank_fails_the_stream_fast_and_the_group_restarts(sharded):
@@ -138,3 +176,17 @@ def test_a_dead_rank_fails_the_stream_fast_and_the_group_restarts(sharded):
     reply = sharded.client().generate(model="m", prompt="again", options={"num_predict": 3})
     assert reply.eval_count == 3
     assert ranks(sharded)[1]["pid"] != follower
+
+
+def test_the_modelfile_keeps_one_model_in_one_process(sharded):
+    with sharded.http() as http:
+        made = http.post("/api/create", json={"model": "solo", "from": "m", "stream": False,
+                                              "parameters": {"distributed": False}})
+        assert made.status_code == 200, made.text
+        reply = http.post("/api/generate", json={"model": "solo", "prompt": "hi",
+                                                 "stream": False, "options": {"num_predict": 2}})
+        assert reply.status_code == 200, reply.text
+        solo = next(m for m in http.get("/api/ps").json()["models"]
+                    if m["name"] == "solo:latest")
+        assert "ranks" not in solo and "sharding" not in solo
+        http.post("/api/generate", json={"model": "solo", "keep_alive": 0})

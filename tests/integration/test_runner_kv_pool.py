@@ -120,7 +120,7 @@ def test_status_reports_the_pool_and_finished_rows_stay_cached(runner, tiny_mode
 def test_preempted_and_recomputed_rows_give_mlx_lm_tokens_alone(small_pool, reference):
     rng = random.Random(9)
     prompts = [ids(rng, rng.randint(20, 140)) for _ in range(8)]
-    lengths = [rng.randint(40, 90) for _ in prompts]
+    lengths = [rng.randint(24, 56) for _ in prompts]
     bodies = [{"tokens": p, "options": greedy(n)} for p, n in zip(prompts, lengths)]
     results = asyncio.run(run_all(small_pool, bodies))
     for prompt, n, (tokens, _, final, _) in zip(prompts, lengths, results):

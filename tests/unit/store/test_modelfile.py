@@ -52,6 +52,8 @@ def test_parse_full_modelfile():
     ('FROM x\nSYSTEM """never closed\nstill open', "line 2: unterminated"),
     ("FROM x\nPARAMETER stop", "needs a value"),
     ("FROM x\nADAPTER", "ADAPTER needs a value"),
+    ("FROM x\nPARAMETER distributed maybe", "invalid bool"),
+    ("FROM x\nPARAMETER sharding diagonal", "parameter sharding: 'diagonal' (one of auto"),
 ])
 def test_bad_modelfiles_are_400s(text, fragment):
     with pytest.raises(InvalidRequest) as info:
@@ -67,6 +69,12 @@ def test_json_parameters_are_typed_like_ollama():
         normalize_parameters({"num_ctx": True})
     with pytest.raises(InvalidRequest):
         normalize_parameters(["stop"])
+
+
+def test_mlxrs_own_load_parameters():
+    mf = parse_modelfile("FROM x\nPARAMETER distributed true\nPARAMETER sharding Pipeline\n")
+    assert mf.parameters == {"distributed": True, "sharding": "pipeline"}
+    assert normalize_parameters({"distributed": "false"}) == {"distributed": False}
 
 
 def test_show_parameters_text():
