@@ -37,6 +37,7 @@ max_load_failures = 5
 load_failure_cooldown = "30s"
 hostfile = "/etc/mlxr/hosts.json"
 sharding = "pipeline"
+remote_shell = "ssh -o BatchMode=yes"
 [limits]
 memory_margin = 2147483648
 max_request_bytes = "64MiB"
@@ -61,6 +62,8 @@ def test_every_key_of_the_file_reaches_its_setting(tmp_path):
         (2, 4, 64, 8192)
     assert (s.load_timeout_s, s.kv_layout, s.prefix_cache_bytes) == (600.0, "padded", 512 << 20)
     assert (s.max_load_failures, s.load_failure_cooldown_s) == (5, 30.0)
+    assert (s.hostfile, s.sharding, s.remote_shell) == \
+        (Path("/etc/mlxr/hosts.json"), "pipeline", "ssh -o BatchMode=yes")
     assert (s.memory_margin_bytes, s.max_request_bytes) == (2 << 30, 64 << 20)
     fields = {field for keys in FILE_KEYS.values() for field, _ in keys.values()}
     assert set(sources) == (fields - {"host"}) | {"host", "port"}
