@@ -207,8 +207,11 @@ class GroupMixin:
 
     def _rank_exit(self, when: str) -> str:
         rank, code = self.first_exit
-        host = self.followers[rank - 1].host.ssh
-        return f"rank {rank} of {self.config.model_name} (on {host}) {describe_exit(code)} {when}"
+        host = self.followers[rank - 1].host
+        if not host.local and code > 128:  # the remote shell's status for a signal: 128 + N
+            code = 128 - code
+        return (f"rank {rank} of {self.config.model_name} (on {host.ssh}) "
+                f"{describe_exit(code)} {when}")
 
     def stderr_tail(self) -> str:
         parts = [super().stderr_tail()]

@@ -16,8 +16,8 @@ import pytest
 
 from mlxr.shared.config import RunnerConfig
 from mlxr.shared.errors import InsufficientMemory, InvalidRequest, RunnerFailed
-from mlxr.supervisor.runners.group import (Host, check_remote_memory, follower_command,
-                                           read_hostfile, ring_addresses)
+from mlxr.supervisor.runners.group import (GroupMixin, Host, check_remote_memory,
+                                           follower_command, read_hostfile, ring_addresses)
 
 
 def hostfile(tmp_path: Path, entries) -> Path:
@@ -119,3 +119,17 @@ def test_an_unreachable_host_is_a_clear_error(tmp_path):
 def test_only_local_hosts_need_no_remote_shell():
     asyncio.run(check_remote_memory(spec([Host("localhost", "127.0.0.1")] * 2, 1 << 60, 2),
                                     "/no/such/ssh"))
+
+
+def test_a_remote_ranks_signal_is_named_from_its_shells_status():
+    def message(host: Host, code: int) -> str:
+        group = SimpleNamespace(first_exit=(1, code), config=SimpleNamespace(model_name="m"),
+                                followers=[SimpleNamespace(host=host)])
+        return GroupMixin._rank_exit(group, "while serving")
+
+    assert message(Host("mac-2", "10.0.0.2", False), 137) == \
+        "rank 1 of m (on mac-2) was killed by SIGKILL (killed) while serving"
+    assert message(Host("localhost", "127.0.0.1"), -9) == \
+        "rank 1 of m (on localhost) was killed by SIGKILL (killed) while serving"
+    assert message(Host("mac-2", "10.0.0.2", False), 1) == \
+        "rank 1 of m (on mac-2) exited with code 1 while serving"
