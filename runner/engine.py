@@ -64,6 +64,7 @@ class Engine:
         self.outputs: Outputs | None = None
         self.memory_bytes = 0
         self.kv_bytes = 0
+        self._bytes_per_token = 0
         self.pool_figures: dict[str, Any] = {}  # RunnerStatus's kv_block* fields
         self._kv_published_at = float("-inf")
         self.blas = loaded_blas()
@@ -162,6 +163,7 @@ class Engine:
         self.outputs = Outputs(fast_decode(loaded.tokenizer, skip_special=True))
         self.scheduler = make_scheduler(self.config, loaded, self.outputs.stop_matched,
                                         self.leader)
+        self._bytes_per_token = loaded.bytes_per_token
         if loaded.model_step is not None:
             self._publish_kv(loaded.model_step)  # the pool's size is known before any request
         self._read_memory()
@@ -274,6 +276,7 @@ class Engine:
         self.pool_figures = {
             "kv_block_size": pool.block_size, "kv_blocks_total": pool.num_blocks,
             "kv_blocks_used": pool.used_blocks, "kv_blocks_cached": pool.cached_blocks,
+            "kv_block_bytes": self._bytes_per_token * pool.block_size,
             "kv_live_bytes": model_step.kv_live_bytes(),
             "prefix_hit_rate": pool.hits / pool.queried if pool.queried else 0.0,
             "preemptions": self.scheduler.num_preempted}

@@ -283,6 +283,9 @@ class RunnerStatus:
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0
     kv_blocks_cached: int = 0
+    # Bytes of keys and values one block holds over every layer (this runner's own shard):
+    # with kv_blocks_total, the pool's full size, which the supervisor charges the runner for.
+    kv_block_bytes: int = 0
     prefix_hit_rate: float = 0.0  # prompt positions served from the cache, over all admitted
     preemptions: int = 0  # sequences requeued (to recompute) for want of blocks
     active: int = 0

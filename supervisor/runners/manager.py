@@ -99,6 +99,7 @@ class Slot:
     active: int = 0  # sequences the runner is running, and waiting for room, when last read
     waiting: int = 0
     sharding: str = ""  # a distributed runner's split ("tensor", "pipeline")
+    pool_bytes: int = 0  # the KV pool the runner made (its /v1/status), once read
 
     @property
     def name(self) -> str:
@@ -106,7 +107,13 @@ class Slot:
 
     @property
     def estimate_bytes(self) -> int:
-        return self.spec.estimate_bytes
+        """What placement charges this runner (before its live memory): the load's estimate,
+        with the KV part replaced by the pool the runner reports once it has made it. The
+        estimate reads config.json; the runner measures its cache's real bytes per token
+        (sliding windows, latent attention, a shard's share), so the pool is the truth."""
+        if self.pool_bytes <= 0:
+            return self.spec.estimate_bytes
+        return self.spec.estimate_bytes - self.spec.kv_cache_bytes + self.pool_bytes
 
     def expires_at(self, now: float) -> float | None:
         """Clock time at which this runner unloads; None while forever."""
@@ -428,8 +435,10 @@ class RunnerManager:
                    "blocks_used": status.kv_blocks_used,
                    "blocks_cached": status.kv_blocks_cached, "bytes": status.kv_bytes,
                    "live_bytes": status.kv_live_bytes,
+                   "block_bytes": status.kv_block_bytes,
                    "prefix_hit_rate": round(status.prefix_hit_rate, 4),
                    "preemptions": status.preemptions}
+        slot.pool_bytes = status.kv_blocks_total * status.kv_block_bytes * slot.spec.local_ranks
         if status.context_length:
             slot.context_length = int(status.context_length)
 

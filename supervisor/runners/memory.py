@@ -3,7 +3,9 @@ runners to evict so a new one fits.
 
 The budget is `available (psutil) + live memory of our runners - margin`: psutil's figure
 already excludes what our runners hold, so their live memory is added back, and each runner is
-then charged `max(estimate, live)` so a runner still growing its KV cache keeps its room.
+then charged `max(estimate, live)` so a runner still growing its KV cache keeps its room. A
+loaded runner's estimate has its KV part replaced by the pool it reports (manager.Slot), which
+is measured on the model rather than read from config.json.
 """
 
 from __future__ import annotations

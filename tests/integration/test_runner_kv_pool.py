@@ -106,6 +106,8 @@ def test_status_reports_the_pool_and_finished_rows_stay_cached(runner, tiny_mode
         s = status(fresh)
         assert s["kv_block_size"] == BLOCK and s["kv_blocks_total"] > 0
         assert s["kv_blocks_used"] == 0
+        # what the supervisor charges for the pool: measured on the model, as config.json says
+        assert s["kv_block_bytes"] == per_token_bytes(tiny_model) * BLOCK
     for _ in range(2):  # the second is served from the first's blocks
         asyncio.run(run_all(runner, [{"tokens": list(range(100, 300)), "options": greedy(4)}]))
     s = status(runner)

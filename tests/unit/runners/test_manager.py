@@ -28,9 +28,10 @@ class FakeClock:
 
 
 class FakeRunner:
-    def __init__(self, name: str, memory: int):
+    def __init__(self, name: str, memory: int, pool: tuple[int, int] = (0, 0)):
         self.name = name
         self.memory = memory
+        self.pool = pool  # KV blocks, bytes a block
         self.stopped = False
         self.exited = asyncio.Event()
 
@@ -39,7 +40,8 @@ class FakeRunner:
         return not self.exited.is_set()
 
     async def status(self) -> RunnerStatus:
-        return RunnerStatus("ready", self.name, memory=self.memory, context_length=4096)
+        return RunnerStatus("ready", self.name, memory=self.memory, context_length=4096,
+                            kv_blocks_total=self.pool[0], kv_block_bytes=self.pool[1])
 
     async def wait_exit(self) -> int:
         await self.exited.wait()
@@ -67,6 +69,7 @@ class Factory:
         self.loads: list[str] = []
         self.runners: list[FakeRunner] = []
         self.live: dict[str, int] = {}
+        self.pools: dict[str, tuple[int, int]] = {}
         self.gate: asyncio.Event | None = None
         self.fail: str | None = None
 
@@ -76,7 +79,8 @@ class Factory:
             await self.gate.wait()
         if self.fail:
             raise RunnerFailed(self.fail)
-        runner = FakeRunner(spec.name, self.live.get(spec.name, spec.estimate_bytes))
+        runner = FakeRunner(spec.name, self.live.get(spec.name, spec.estimate_bytes),
+                            self.pools.get(spec.name, (0, 0)))
         self.runners.append(runner)
         return runner
 
@@ -109,6 +113,25 @@ async def settle() -> None:
 
 def names(manager: RunnerManager) -> set[str]:
     return {s.name for s in manager.slots()}
+
+
+def test_a_runner_is_charged_for_the_kv_pool_it_reports():
+    """The estimate's KV part reads config.json; the runner's pool is measured on the model.
+    Once read, the pool replaces it: a smaller pool leaves room that the estimate would have
+    taken (no eviction), a larger one takes more (an eviction)."""
+    async def main():
+        for blocks, evicted in ((1024, False), (6 * 1024, True)):
+            m, f, _ = make(total=10 * GB)  # 9 GiB usable beside a 1 GiB margin
+            f.live["a"] = GB + GB // 2  # weights and what its cache holds so far
+            f.pools["a"] = (blocks, GB // 1024)  # 1 or 6 GiB, against 5 estimated
+            a = LoadSpec(name="a", model_dir=Path("/nonexistent"), estimate_bytes=6 * GB,
+                         context_length=4096, kv_cache_bytes=5 * GB)
+            m.release(await m.acquire(a, -1))
+            slot = next(iter(m.slots()))
+            assert slot.estimate_bytes == GB + blocks * (GB // 1024)
+            m.release(await m.acquire(spec("b", 5 * GB), -1))  # 6 + 5 > 9: one must go
+            assert names(m) == ({"b"} if evicted else {"a", "b"})
+    asyncio.run(main())
 
 
 def test_keep_alive_expiry_by_the_clock():
