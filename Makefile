@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 # pytest workers for `make test` (pytest-xdist; each takes whole files, so module fixtures
-# such as a shared server are made once).
+# such as a shared server are made once, in the order tests/conftest.py gives: longest first).
 TEST_WORKERS ?= 2
 
 .PHONY: install serve test test-unit test-mlx test-integration bench clean
@@ -31,7 +31,7 @@ serve: install
 # tests/mlx (MLX in the test process), tests/integration (real servers, runners, registry).
 test: $(STAMP)
 	@./scripts/system-deps.sh --test
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
@@ -42,7 +42,7 @@ test-mlx: $(STAMP)
 
 test-integration: $(STAMP)
 	@./scripts/system-deps.sh --test
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/integration
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/integration
 
 bench: install
 	$(BIN)/mlxr bench --model small --concurrency 1,8,16 --against mlx_lm

@@ -1,6 +1,6 @@
 """Shared fixtures: random-weight test models, made once per session. Also prints the time
 each tier took (tests/unit: no MLX, no processes; tests/mlx: MLX in this process;
-tests/integration: real processes) at the end of a run."""
+tests/integration: real processes) at the end of a run, and orders the run longest first."""
 
 from __future__ import annotations
 
@@ -61,6 +61,28 @@ def reference(tiny_model):
 
     generate.tokenizer = tokenizer
     return generate
+
+
+# The modules that take longest (about a minute or more of one worker's time), run first,
+# then the rest by tier, slowest tier first. `make test` hands whole files to its 2 workers
+# in this order (--no-loadscope-reorder; xdist's own order, most tests first, put these few-
+# test files last, and one of them would then run alone at the end).
+LONGEST_FIRST = ("test_distributed.py", "test_model_formats.py", "test_vision_api.py",
+                 "test_cli_commands.py", "test_make_serve.py", "test_structured_api.py",
+                 "test_vision_formats.py", "test_ollama_scheduling.py",
+                 "test_runner_kv_pool.py")
+TIER_ORDER = ("integration", "mlx", "fuzz", "unit")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    def key(item) -> tuple[int, int]:
+        path = Path(str(item.fspath))
+        tier = path.relative_to(ROOT / "tests").parts[0] if path.is_relative_to(
+            ROOT / "tests") else ""
+        longest = LONGEST_FIRST.index(path.name) if path.name in LONGEST_FIRST else \
+            len(LONGEST_FIRST)
+        return (longest, TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER))
+    items.sort(key=key)  # stable: each module keeps its own order
 
 
 _TIER_SECONDS: dict[str, float] = collections.defaultdict(float)
