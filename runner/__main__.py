@@ -187,7 +187,7 @@ def follow(config: RunnerConfig) -> None:
     print(json.dumps({"event": "following", "rank": group.rank()}), file=sys.stderr,
           flush=True)
     threading.Thread(target=_report_memory, daemon=True).start()
-    Follower(group, loaded.model_step).serve()
+    Follower(group, loaded.model_step, config).serve()
 
 
 def _report_memory(every_s: float = 2.0) -> None:

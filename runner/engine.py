@@ -136,7 +136,10 @@ class Engine:
         self.progress = 1.0
         try:
             while not self._stopping:
-                self._drain(block=not (self.scheduler.has_work or self._encoding))
+                idle = not (self.scheduler.has_work or self._encoding)
+                if idle and self.leader is not None:
+                    self.leader.park()  # the other ranks sleep until the next step
+                self._drain(block=idle)
                 if self._stopping:
                     break
                 if self._encoding:
@@ -159,7 +162,7 @@ class Engine:
         group = join_group(self.config)
         loaded = load_model(self.config, self.blas.describe(), self._set_progress, group)
         if group is not None:
-            self.leader = Leader(group, loaded.model_step)
+            self.leader = Leader(group, loaded.model_step, self.config)
         self.outputs = Outputs(fast_decode(loaded.tokenizer, skip_special=True))
         self.scheduler = make_scheduler(self.config, loaded, self.outputs.stop_matched,
                                         self.leader)

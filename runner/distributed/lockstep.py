@@ -38,6 +38,8 @@ import mlx.core as mx
 import numpy as np
 import orjson
 
+from mlxr.runner.distributed import doorbell
+
 log = logging.getLogger("mlxr.runner")
 
 POOL_OPS = frozenset({"reset", "admit", "reserve", "commit", "release"})
@@ -154,11 +156,20 @@ class Leader:
     """Rank 0's side: records and sends; the engine calls `admit`, `run`, `reset` and `stop`
     instead of the model step's own."""
 
-    def __init__(self, group: Any, step: Any):
+    def __init__(self, group: Any, step: Any, config: Any):
         self.channel = Channel(group)
         self.step = step
         self.ops: list = []
         step.lockstep = True
+        self.hosts = doorbell.ring_hosts(config, group.size())
+        self.doorbells = doorbell.exchange_ports(group, 0)
+        self.parked = False
+
+    def park(self) -> None:
+        """Nothing to run: let the followers sleep until the next message (doorbell.py)."""
+        if not self.parked:
+            self._send({"park": True})
+            self.parked = True
 
     def setup(self, pool: Any) -> RecordingPool:
         """Tell the followers the pool's size (they make theirs alike); returns the pool the
@@ -187,6 +198,9 @@ class Leader:
         self._send({"stop": True})
 
     def _send(self, message: dict) -> None:
+        if self.parked:
+            doorbell.ring(self.hosts, self.doorbells)
+            self.parked = False
         self.channel.send(orjson.dumps(message))
 
 
@@ -201,13 +215,15 @@ class Follower:
     """Ranks 1..N-1: replay rank 0's operations and run the same forward passes (the model
     body only) until rank 0 says stop."""
 
-    def __init__(self, group: Any, step: Any):
+    def __init__(self, group: Any, step: Any, config: Any):
         self.channel = Channel(group)
         self.step = step
         self.pool: Any = None
         self.admissions: dict[int, Any] = {}
         self.steps = 0
         step.lockstep = True
+        self.doorbell = doorbell.Doorbell(doorbell.ring_hosts(config, group.size())[group.rank()])
+        doorbell.exchange_ports(group, self.doorbell.port)
 
     def serve(self) -> None:
         while True:
@@ -215,6 +231,9 @@ class Follower:
             if message.get("stop"):
                 log.info("distributed: rank 0 stopped after %d steps", self.steps)
                 return
+            if message.get("park"):
+                self.doorbell.wait()
+                continue
             if "setup" in message:
                 setup = message["setup"]
                 self.pool = self.step.make_pool(setup["num_blocks"], setup["block_size"])

@@ -92,6 +92,14 @@ def test_two_ranks_give_the_single_runners_tokens(single, sharded):
     assert [r["rank"] for r in shown] == [0, 1]
     assert all(r["host"] == "localhost" and r["memory"] > 0 for r in shown)
     assert len(sharded.runner_pids()) == 2
+    # Idle, the follower sleeps on its doorbell instead of spinning in a collective (MLX's
+    # ring polls its sockets: a core per follower for as long as the model stays loaded).
+    follower = psutil.Process(shown[1]["pid"])
+    time.sleep(0.3)
+    before = sum(follower.cpu_times()[:2])
+    time.sleep(1.5)
+    assert sum(follower.cpu_times()[:2]) - before < 0.3
+    assert answers(sharded) == want  # and wakes for the next request
 
 
 def test_pipeline_over_two_ranks_gives_the_single_runners_tokens(
