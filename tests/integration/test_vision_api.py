@@ -2,7 +2,12 @@
 writer) through /api/chat, /api/generate, /v1/chat/completions and /v1/messages, driven by the
 official ollama, openai and anthropic clients. Greedy output with an image is token-identical to
 mlx-vlm's own generation of the same prompt and image, alone and inside a batch of text
-streams; bad images are clear 400s."""
+streams; bad images are clear 400s.
+
+Every family runs the model tests (identity with mlx-vlm, alone and in a batch, two images,
+raw prompts, the image prefix cache). The API-surface tests (image formats, the three clients,
+bad input, stop strings and schemas, cancellation, `mlxr run`) do not depend on the family, so
+they run on Qwen2.5-VL only (`SURFACE`), which keeps the suite's time for what differs."""
 
 from __future__ import annotations
 
@@ -39,6 +44,11 @@ FAMILIES = {  # Qwen2-VL (the same text path as Qwen2.5-VL) is in test_vision_fo
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def preset(request) -> str:
     return request.param
+
+
+# For the family-independent tests: Qwen2.5-VL only (the first family, so its server is the
+# one the model tests use).
+SURFACE = pytest.mark.parametrize("preset", ["qwen2.5-vl"], indirect=True)
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +169,7 @@ def test_generate_with_images_and_raw_prompt(client, mlx_vlm_greedy, chat_prompt
     assert got_raw.response == want_raw
 
 
+@SURFACE
 @pytest.mark.parametrize("fmt,kwargs", [("JPEG", {"quality": 90}), ("WEBP", {}), ("GIF", {})])
 def test_jpeg_webp_and_gif_images_are_read(client, mlx_vlm_greedy, chat_prompt, fmt, kwargs):
     from io import BytesIO
@@ -171,6 +182,7 @@ def test_jpeg_webp_and_gif_images_are_read(client, mlx_vlm_greedy, chat_prompt, 
     assert ask(client, [data]).message.content == want
 
 
+@SURFACE
 def test_animated_gif_gives_its_first_frame(client):
     first, second = noise(9), noise(10)
     animated = ask(client, [animated_gif(first, second)]).message.content
@@ -209,6 +221,7 @@ def test_repeated_image_reuses_the_kv_prefix(server, client):
     assert image_tokens >= 2 and follow  # (the Ollama-shaped history the OpenAI one mirrors)
 
 
+@SURFACE
 def test_openai_client_sends_an_image_url_part(server, client):
     img = encoded(noise(13))
     want = ask(client, [img]).message.content
@@ -220,6 +233,7 @@ def test_openai_client_sends_an_image_url_part(server, client):
     assert got.choices[0].message.content == want
 
 
+@SURFACE
 def test_anthropic_client_sends_an_image_block(server, client):
     img = encoded(noise(14))
     want = ask(client, [img]).message.content
@@ -240,6 +254,7 @@ def test_anthropic_client_sends_an_image_block(server, client):
     (b64(encoded(noise(1), "BMP")), "BMP images are not supported"),
     ("https://example.com/cat.png", "MLXR_ALLOW_IMAGE_URLS"),
 ])
+@SURFACE
 def test_bad_images_are_clear_400s(server, image, message):
     r = server.http().post("/api/chat", json={
         "model": "vl", "stream": False,
@@ -248,6 +263,7 @@ def test_bad_images_are_clear_400s(server, image, message):
     assert message in r.json()["error"]
 
 
+@SURFACE
 def test_oversized_image_is_refused_before_decoding(server):
     from PIL import Image
 
@@ -262,6 +278,7 @@ def test_oversized_image_is_refused_before_decoding(server):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
+@SURFACE
 def test_image_request_keeps_stop_strings_and_structured_output(client, chat_prompt,
                                                                  mlx_vlm_greedy):
     img = noise(15)
@@ -277,6 +294,7 @@ def test_image_request_keeps_stop_strings_and_structured_output(client, chat_pro
     assert set(json.loads(reply.message.content)) == {"colour"}
 
 
+@SURFACE
 def test_client_leaving_during_an_image_request_frees_the_runner(server, client):
     body = {"model": "vl", "stream": True, "options": {"temperature": 0, "num_predict": 400},
             "messages": [{"role": "user", "content": QUESTION,
@@ -295,6 +313,7 @@ def test_client_leaving_during_an_image_request_frees_the_runner(server, client)
     assert ask(client, [encoded(noise(16))]).done  # and it serves the next one
 
 
+@SURFACE
 def test_mlxr_run_sends_the_image_paths_in_its_prompt(server, client, subprocess_env,
                                                        tmp_path):
     import subprocess
