@@ -27,7 +27,7 @@ from mlxr.supervisor.inference.types import (ChatRequest, Completion, Delta, Emb
                                              EmbedResult, Final, GenerateRequest, RunningModel)
 from mlxr.supervisor.metrics import Metrics
 from mlxr.supervisor.runners import memory
-from mlxr.supervisor.runners.group import Host, read_hostfile
+from mlxr.supervisor.runners.group import Host, hostfile_hosts
 from mlxr.supervisor.runners.manager import Lease, LoadSpec, RunnerManager
 from mlxr.supervisor.store.conversions import ensure_converted
 from mlxr.supervisor.store.store import model_details
@@ -335,4 +335,4 @@ class Service:
         caps = capabilities(record)
         if not wanted and ("completion" not in caps or "vision" in caps):
             return None
-        return tuple(read_hostfile(hostfile))
+        return hostfile_hosts(hostfile)

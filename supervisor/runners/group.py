@@ -36,9 +36,9 @@ import psutil
 from mlxr.shared.config import RunnerConfig
 from mlxr.shared.errors import InsufficientMemory, InvalidRequest, RunnerFailed
 from mlxr.shared.exits import describe_exit
+from mlxr.supervisor.runners.memory import GIB
 
 log = logging.getLogger("mlxr.runners")
-GIB = float(1 << 30)
 STOP_GRACE_S = 5.0
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 # What a rank on another host gets from our environment (the rest is its own).
@@ -61,7 +61,7 @@ def read_hostfile(path: Path) -> list[Host]:
     if not isinstance(data, list) or len(data) < 2:
         raise InvalidRequest(f"the hostfile {path} must list 2 or more hosts (one per rank)")
     hosts = []
-    local = LOCAL_NAMES | {socket.gethostname(), socket.getfqdn()}
+    local = LOCAL_NAMES | {socket.gethostname()}
     for i, entry in enumerate(data):
         if not isinstance(entry, dict) or not isinstance(entry.get("ssh"), str) \
                 or not entry["ssh"].strip() or entry["ssh"].startswith("-"):
@@ -78,6 +78,22 @@ def read_hostfile(path: Path) -> list[Host]:
         raise InvalidRequest(f"the hostfile {path}: the first entry (rank 0) must be this "
                              f"machine, which serves the model's HTTP; {hosts[0].ssh!r} is not")
     return hosts
+
+
+_READ: dict[Path, tuple[int, tuple[Host, ...]]] = {}
+
+
+def hostfile_hosts(path: Path) -> tuple[Host, ...]:
+    """`read_hostfile`, read again only when the file changes: it is consulted for every
+    request's load spec."""
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        stamp = -1
+    cached = _READ.get(path)
+    if cached is None or cached[0] != stamp:
+        cached = _READ[path] = (stamp, tuple(read_hostfile(path)))
+    return cached[1]
 
 
 def _free_port(ip: str) -> int:

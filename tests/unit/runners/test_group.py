@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -17,7 +18,8 @@ import pytest
 from mlxr.shared.config import RunnerConfig
 from mlxr.shared.errors import InsufficientMemory, InvalidRequest, RunnerFailed
 from mlxr.supervisor.runners.group import (GroupMixin, Host, check_remote_memory,
-                                           follower_command, read_hostfile, ring_addresses)
+                                           follower_command, hostfile_hosts, read_hostfile,
+                                           ring_addresses)
 
 
 def hostfile(tmp_path: Path, entries) -> Path:
@@ -133,3 +135,12 @@ def test_a_remote_ranks_signal_is_named_from_its_shells_status():
         "rank 1 of m (on localhost) was killed by SIGKILL (killed) while serving"
     assert message(Host("mac-2", "10.0.0.2", False), 1) == \
         "rank 1 of m (on mac-2) exited with code 1 while serving"
+
+
+def test_the_hostfile_is_read_again_only_when_it_changes(tmp_path):
+    path = hostfile(tmp_path, [{"ssh": "localhost"}, {"ssh": "mac-2", "ips": ["10.0.0.2"]}])
+    first = hostfile_hosts(path)
+    assert hostfile_hosts(path) is first
+    path.write_text(json.dumps([{"ssh": "localhost"}] * 3))
+    os.utime(path, ns=(1, 1))  # a new stamp, however fast the rewrite
+    assert [h.ssh for h in hostfile_hosts(path)] == ["localhost"] * 3
