@@ -429,18 +429,17 @@ def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
 
     async def start(spec: Any) -> RunnerClient:
         library = (await blas.choice()).path
-        hosts = getattr(spec, "hosts", None)
         config = RunnerConfig(
             model_dir=str(spec.model_dir), model_name=spec.name, host="127.0.0.1",
             port=free_port(), num_parallel=settings.num_parallel,
             context_length=spec.context_length, prefix_cache_bytes=settings.prefix_cache_bytes,
-            kv_cache_bytes=spec.kv_cache_bytes // max(getattr(spec, "local_ranks", 1), 1),
+            kv_cache_bytes=spec.kv_cache_bytes // spec.local_ranks,
             kv_layout=settings.kv_layout, watch_stdin=True, token_stdin=True,
-            blas=library or "off", sharding=getattr(spec, "sharding", settings.sharding))
-        if hosts:  # one runner made of the hostfile's ranks
+            blas=library or "off", sharding=spec.sharding)
+        if spec.hosts:  # one runner made of the hostfile's ranks
             await check_remote_memory(spec, settings.remote_shell)
             client: RunnerClient = await RunnerGroup.spawn_group(
-                config, list(hosts), module=settings.runner_module, blas=library,
+                config, list(spec.hosts), module=settings.runner_module, blas=library,
                 remote_shell=settings.remote_shell)
         else:
             client = await RunnerClient.spawn(config, module=settings.runner_module,
