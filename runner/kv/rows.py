@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxr.runner.kv import host_attention
 from mlxr.runner.kv.pool import Run, Segment
 
 
@@ -182,17 +183,25 @@ class _DecodePlan:
             self.order = mx.array(inverse, dtype=mx.int32)
 
 
+@dataclass(slots=True)
+class _Forward:
+    """What the layers of one forward pass share."""
+    plan: _DecodePlan | None = None  # made by the first layer that attends a decode step
+    host: bool = False  # a row was attended in numpy: the pass was computed as it was built
+
+
 class RowsLayer:
     """One layer's cache for one forward pass over `rows`, each adding `num_new` positions
     (a prefill chunk: one row; a decode step: every running row, one position each)."""
 
-    def __init__(self, store: RunStore, layer: int, rows: list[Row], plan: list, offset):
+    def __init__(self, store: RunStore, layer: int, rows: list[Row], forward: _Forward,
+                 offset):
         self.store = store
         self.layer = layer
         self.rows = rows
         self.offset = offset  # where each row's new positions start (RoPE reads it)
         self._num_new = 0
-        self._plan = plan  # [_DecodePlan], made by the first layer that attends
+        self._forward = forward
 
     # mlx-lm's pipeline-parallel forward ties its send to the last layer's cache
     # (`cache[-1].keys = mx.depends(cache[-1].keys, h)`) so that evaluating the cache sends.
@@ -227,11 +236,10 @@ class RowsLayer:
         if len(self.rows) == 1:
             row = self.rows[0]
             k, v = self.store.context(row.shared, row.run, self.layer, row.length + n)
-            return mx.fast.scaled_dot_product_attention(
-                queries, k, v, scale=scale, mask="causal" if n > 1 else None)
-        if not self._plan:
-            self._plan.append(_DecodePlan(self.store, self.rows))
-        plan = self._plan[0]
+            return self._attend_one(queries, k, v, scale, n > 1)
+        if self._forward.plan is None:
+            self._forward.plan = _DecodePlan(self.store, self.rows)
+        plan = self._forward.plan
         outs = []
         for group in plan.groups:
             ks, vs = [], []
@@ -245,10 +253,20 @@ class RowsLayer:
         for i in plan.singles:
             row = self.rows[i]
             k, v = self.store.context(row.shared, row.run, self.layer, row.length + 1)
-            outs.append(mx.fast.scaled_dot_product_attention(
-                queries[i:i + 1], k, v, scale=scale, mask=None))
+            outs.append(self._attend_one(queries[i:i + 1], k, v, scale, False))
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
         return out if plan.order is None else out[plan.order]
+
+    def _attend_one(self, queries: mx.array, keys: mx.array, values: mx.array, scale: float,
+                    causal: bool) -> mx.array:
+        """One row's attention: its softmax in numpy where that pays
+        (runner/kv/host_attention.py)."""
+        if host_attention.worth_it(queries.shape[2] * queries.shape[1] * keys.shape[2],
+                                   keys.dtype):
+            self._forward.host = True
+            return host_attention.attend(queries, keys, values, scale, causal)
+        return mx.fast.scaled_dot_product_attention(
+            queries, keys, values, scale=scale, mask="causal" if causal else None)
 
     @property
     def state(self):
@@ -258,11 +276,12 @@ class RowsLayer:
         return True
 
 
-def make_layers(store: RunStore, rows: list[Row]) -> list[RowsLayer]:
-    plan: list = []
+def make_layers(store: RunStore, rows: list[Row],
+                forward: _Forward | None = None) -> list[RowsLayer]:
+    forward = _Forward() if forward is None else forward
     offset = rows[0].length if len(rows) == 1 else \
         mx.array([r.length for r in rows], dtype=mx.int32)
-    return [RowsLayer(store, layer, rows, plan, offset) for layer in range(store.num_layers)]
+    return [RowsLayer(store, layer, rows, forward, offset) for layer in range(store.num_layers)]
 
 
 # -- routing mlx-lm's attention ---------------------------------------------------------
@@ -299,6 +318,7 @@ class RowBatch:
         self.store = RunStore(num_layers, pool.block_size)
         self.rows: list = []  # the decoding sequences, in batch order
         self._rows: dict[int, Row] = {}  # seq id -> Row, prefilling and decoding
+        self._decode = _Forward()  # the last decode pass's
 
     def admit(self, seq, admission) -> int:
         copy = admission.copy
@@ -315,7 +335,8 @@ class RowBatch:
         return make_layers(self.store, [self._rows[seq.seq_id]])
 
     def decode_cache(self) -> list[RowsLayer]:
-        return make_layers(self.store, [self._rows[s.seq_id] for s in self.rows])
+        self._decode = _Forward()
+        return make_layers(self.store, [self._rows[s.seq_id] for s in self.rows], self._decode)
 
     def advance(self, seqs, num: int) -> None:
         """The forward pass just built wrote `num` positions of each of `seqs`."""
@@ -330,7 +351,11 @@ class RowBatch:
         self.advance(self.rows, -1)
 
     def can_run_ahead(self) -> bool:
-        """Only within each row's reserved blocks: the pool's accounting stays exact."""
+        """Only within each row's reserved blocks: the pool's accounting stays exact. Not
+        when the last decode pass attended a row in numpy: building the next pass would
+        compute it then and there, holding up this step's tokens."""
+        if self._decode.host:
+            return False
         bs = self.pool.block_size
         return all(self._rows[s.seq_id].length < self._rows[s.seq_id].run.end(bs)
                    for s in self.rows)

@@ -1,0 +1,65 @@
+"""One row's attention in numpy, for float32 rows on a CPU.
+
+MLX's CPU softmax is its `exp` at 15-25 ns an element on the 2-core EPYC; numpy's runs at
+about 7 ns, and numpy's matrix products go to its own OpenBLAS. On a 16-token prefill chunk
+at position 1,800 of the 30M model one layer's attention took 2.3 ms in
+`mx.fast.scaled_dot_product_attention` and 1.1 ms here; at position 7,800, 14.7 against 3.3 ms;
+a decode row over 1,816 positions, 0.65 against 0.15 ms (docs/PERFORMANCE.md, "Attention in
+numpy"). The outputs differ from MLX's by about 1e-7 (float32 rounding in another order).
+
+The price is a synchronisation point: `np.asarray` evaluates the layer's queries, so the
+forward pass can no longer be built ahead of its computation. The caller therefore uses it only
+where the scores are many (`worth_it`) and does not run a decode step ahead when a row of it
+does (runner/kv/rows.py).
+
+Used only when the default device is the CPU and the keys are float32: for bfloat16 or float16
+caches a float32 copy of the keys and values would cost more than the softmax saves, and GPUs
+have their own fused kernel. `MLXR_HOST_ATTENTION=off` turns it off."""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+import mlx.core as mx
+import numpy as np
+
+# Below this many scores (queries x heads x positions) per call, MLX's own attention: inside
+# a forward pass it costs less than the synchronisation (see `worth_it`).
+MIN_SCORES = 4_096
+
+
+@cache
+def _allowed() -> bool:
+    return os.environ.get("MLXR_HOST_ATTENTION", "").lower() not in ("0", "off", "false", "no")
+
+
+def worth_it(scores: int, dtype) -> bool:
+    """Should a call with this many scores (queries x heads x positions) over keys of
+    `dtype` come here?"""
+    return scores >= MIN_SCORES and dtype == mx.float32 and _allowed() and \
+        mx.default_device() == mx.cpu
+
+
+def attend(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
+           causal: bool) -> mx.array:
+    """`mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale,
+    mask="causal" if causal else None)` for one row: queries (1, heads, n, dim), keys and values
+    (1, kv_heads, positions, dim), the queries being the last n positions. Grouped queries
+    share a key head as MLX's do: head h reads key head h // (heads // kv_heads).
+
+    The two products stay MLX's (one BLAS in the process: a second OpenBLAS's threads, numpy's,
+    spinning beside MLX's made the step slower, not faster); only the softmax is numpy's."""
+    _, heads, n, dim = queries.shape
+    kv_heads, positions = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    scores = (queries * scale).reshape(1, kv_heads, group * n, dim) @ keys.swapaxes(-1, -2)
+    # Evaluates the scores; the view writes into their buffer, which nothing else holds.
+    grid = np.asarray(scores).reshape(kv_heads, group, n, positions)
+    if causal and n > 1:  # query i sits at position positions - n + i
+        grid[..., positions - n:][..., np.triu(np.ones((n, n), dtype=bool), 1)] = -np.inf
+    grid -= grid.max(axis=-1, keepdims=True)
+    np.exp(grid, out=grid)
+    grid /= grid.sum(axis=-1, keepdims=True)
+    probs = mx.array(grid.reshape(1, kv_heads, group * n, positions))
+    return (probs @ values).reshape(1, heads, n, values.shape[-1])
