@@ -177,13 +177,14 @@ def follow(config: RunnerConfig) -> None:
     the forward passes rank 0 sends until it says stop. Any failure ends the process (and
     the supervisor ends the group)."""
     from mlxr.runner.distributed.lockstep import Follower, join_group
-    from mlxr.runner.loader import load_model
+    from mlxr.runner.loader import freeze_heap, load_model
     from mlxr.shared.blas import loaded_blas
 
     group = join_group(config)
     if group is None:
         sys.exit("runner: --follower needs a rank in a group of 2 or more ranks")
     loaded = load_model(config, loaded_blas().describe(), lambda progress: None, group)
+    freeze_heap()
     print(json.dumps({"event": "following", "rank": group.rank()}), file=sys.stderr,
           flush=True)
     threading.Thread(target=_report_memory, daemon=True).start()

@@ -35,7 +35,7 @@ from mlxr.shared.blas import loaded_blas
 from mlxr.shared.config import RunnerConfig
 from mlxr.shared.errors import MlxrError, RunnerFailed
 from mlxr.shared.protocol import RunnerStatus, error_line
-from mlxr.runner.loader import LoadedModel, load_model, make_scheduler
+from mlxr.runner.loader import LoadedModel, freeze_heap, load_model, make_scheduler
 from mlxr.runner.outputs import Outputs
 from mlxr.runner.request import Sequence
 from mlxr.runner.sampling import Sampler
@@ -170,6 +170,7 @@ class Engine:
         if loaded.model_step is not None:
             self._publish_kv(loaded.model_step)  # the pool's size is known before any request
         self._read_memory()
+        freeze_heap()
         self.loaded = loaded
 
     def _set_progress(self, progress: float) -> None:

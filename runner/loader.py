@@ -15,6 +15,7 @@ a crash inside MLX.
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,15 @@ class LoadedModel:
     model_step: ModelStep | None = None
     vision: Any = None  # runner.vision.model.VisionModel: the model takes images
     sharding: str = ""  # over a distributed group: "tensor" or "pipeline"
+
+
+def freeze_heap() -> None:
+    """Put everything loading made (the tokenizer's tables, the model's modules) out of the
+    garbage collector's reach. Python's full collections scan every tracked object; in a
+    runner serving the 30M Qwen3 one took 72 ms, a pause every stream saw as one long
+    inter-token gap. Requests' own objects are still collected."""
+    gc.collect()
+    gc.freeze()
 
 
 def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], None],

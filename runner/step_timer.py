@@ -33,11 +33,18 @@ class StepTimer:
     and a large fixed part, and a budget just above that fixed part bought 140-token chunks
     that took 0.6 s. So the fit is fixed + n x (per token + per token-and-position x the
     chunk's mean position) where the chunks' positions differ enough; `context_token_s` is
-    that last term."""
+    that last term.
 
-    def __init__(self, weight: float = 0.3, window: int = 12):
+    A decode step's time is the median of the last `decode_window` decode-only steps, not a
+    moving average: on a shared 2-core machine single steps took 11-47 ms around a median of
+    21, and an average caught at a slow one (27 ms) let every chunk of a long prompt add 20 ms
+    to its step, so the streams waited 2.2 of their median intervals instead of 1.75.
+    (docs/PERFORMANCE.md, "Attention in numpy".)"""
+
+    def __init__(self, weight: float = 0.3, window: int = 12, decode_window: int = 15):
         self.weight = weight
-        self.decode_s: float | None = None
+        self.decode_s: float | None = None  # the median of the recent decode-only steps
+        self._decodes: deque[float] = deque(maxlen=decode_window)
         self.prefill_token_s: float | None = None
         self.prefill_fixed_s = 0.0
         self.context_token_s = 0.0  # per token per position of context before it
@@ -51,7 +58,8 @@ class StepTimer:
         """`context`: where a single chunk started (the positions it attends over before
         its own)."""
         if num_decode and not num_prefill:
-            self.decode_s = self._blend(self.decode_s, elapsed_s)
+            self._decodes.append(elapsed_s)
+            self.decode_s = float(np.median(self._decodes))
         elif num_prefill:
             decode_part = (self.decode_s or 0.0) if num_decode else 0.0
             extra = max(elapsed_s - decode_part, 0.0)

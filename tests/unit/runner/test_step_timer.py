@@ -34,3 +34,15 @@ def test_without_a_spread_of_positions_the_fit_is_on_size_alone():
     assert timer.context_token_s == 0.0
     assert abs(timer.prefill_fixed_s - 0.009) < 1e-9 and abs(timer.prefill_token_s - 0.00026) < 1e-9
     assert timer.chunk_for(0.018) == 34
+
+
+def test_a_slow_decode_step_does_not_move_the_decode_estimate():
+    # A moving average caught at one slow step let every chunk of a long prompt add that
+    # much more to its step; the median of the recent steps does not move.
+    timer = StepTimer()
+    for elapsed in (0.020, 0.021, 0.019, 0.020, 0.070, 0.020, 0.011):
+        timer.observe(8, 0, elapsed)
+    assert timer.decode_s == 0.020
+    for elapsed in (0.060, 0.060, 0.060, 0.060, 0.060, 0.060, 0.060, 0.060):
+        timer.observe(8, 0, elapsed)
+    assert timer.decode_s == 0.060  # a lasting change is followed
