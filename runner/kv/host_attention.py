@@ -26,7 +26,7 @@ import numpy as np
 
 # Below this many scores (queries x heads x positions) per call, MLX's own attention: inside
 # a forward pass it costs less than the synchronisation (see `worth_it`).
-MIN_SCORES = 4_096
+MIN_SCORES = 2_048
 
 
 @cache
