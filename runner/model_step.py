@@ -84,10 +84,12 @@ class _Ahead:
 
 class ModelStep:
     def __init__(self, model, prefix_cache_bytes: int, detok_top, rows: bool = True,
-                 vision=None):
+                 vision=None, host_attention: bool = True):
         """`rows`: use the block pool's rows where the model fits them (False: always the
         padded batch, for comparisons). `vision`: a vision model's image side
-        (runner/vision/model.py), which gives image prompts their embeddings and positions."""
+        (runner/vision/model.py), which gives image prompts their embeddings and positions.
+        `host_attention`: the rows may attend with numpy's softmax on a CPU
+        (runner/kv/host_attention.py)."""
         self.model = model
         self.vision = vision
         self.split = split_model(model)
@@ -98,6 +100,7 @@ class ModelStep:
             TransposedHead.find(model, self.split.head) or self.split.head)
         self._detok_top = detok_top  # token id -> text, for top_logprobs
         self._prefix_cache_bytes = prefix_cache_bytes
+        self._host_attention = host_attention
         self.num_layers = len(make_prompt_cache(model))
         self.uses_rows = rows and kv_rows.probe(model, self.num_layers)
         self.kv = None
@@ -111,7 +114,7 @@ class ModelStep:
         """The block pool the scheduler accounts with, and this step's cache over it."""
         pool = KVPool(num_blocks, block_size, share=self.uses_rows)
         if self.uses_rows:
-            self.kv = kv_rows.RowBatch(self.num_layers, pool)
+            self.kv = kv_rows.RowBatch(self.num_layers, pool, self._host_attention)
         else:
             self.kv = PaddedBatch(self.model, PrefixCache(max_bytes=self._prefix_cache_bytes))
         return pool

@@ -136,6 +136,9 @@ class Settings:
     # How runners hold the KV cache: "rows" (the block pool, runner/kv/rows.py, where the
     # architecture fits) or "padded" (mlx-lm's left-padded batch cache: for comparisons).
     kv_layout: str = "rows"
+    # On a CPU, attend float32 rows with many scores with numpy's softmax
+    # (runner/kv/host_attention.py; MLXR_HOST_ATTENTION=0: always MLX's attention).
+    host_attention: bool = True
     memory_margin_bytes: int = 1 << 30
     max_request_bytes: int = 32 << 20
     api_key: str | None = None
@@ -253,6 +256,9 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
     debug = env.get("MLXR_DEBUG", env.get("OLLAMA_DEBUG"))
     if debug is not None:
         values["debug"] = debug not in ("", "0", "false")
+    if env.get("MLXR_HOST_ATTENTION") is not None:
+        values["host_attention"] = env["MLXR_HOST_ATTENTION"].strip().lower() not in (
+            "", "0", "false", "off", "no")
     if env.get("MLXR_ALLOW_IMAGE_URLS") is not None:
         values["allow_image_urls"] = env["MLXR_ALLOW_IMAGE_URLS"] not in ("", "0", "false")
     if env.get("MLXR_HOSTFILE"):
@@ -297,6 +303,7 @@ class RunnerConfig:
     prefix_cache_bytes: int = 1 << 30  # the padded layout's copy-based prefix cache
     kv_cache_bytes: int = 0  # 0: derived from the system's available memory
     kv_layout: str = "rows"  # Settings.kv_layout
+    host_attention: bool = True  # Settings.host_attention
     watch_stdin: bool = False  # exit when stdin closes (the supervisor died)
     # Where the secret every request must carry comes from (never argv, which `ps` shows):
     # the first line of stdin (the supervisor's way), else this file (created with a fresh

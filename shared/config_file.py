@@ -45,6 +45,7 @@ FILE_KEYS: dict[str, dict[str, tuple[str, str]]] = {
         "load_failure_cooldown": ("load_failure_cooldown_s", "duration"),
         "hostfile": ("hostfile", "path"), "sharding": ("sharding", "sharding"),
         "remote_shell": ("remote_shell", "str"),
+        "host_attention": ("host_attention", "bool"),
     },
     "limits": {
         "memory_margin": ("memory_margin_bytes", "size"),

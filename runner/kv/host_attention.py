@@ -14,12 +14,9 @@ does (runner/kv/rows.py).
 
 Used only when the default device is the CPU and the keys are float32: for bfloat16 or float16
 caches a float32 copy of the keys and values would cost more than the softmax saves, and GPUs
-have their own fused kernel. `MLXR_HOST_ATTENTION=off` turns it off."""
+have their own fused kernel. `MLXR_HOST_ATTENTION=0` (Settings.host_attention) turns it off."""
 
 from __future__ import annotations
-
-import os
-from functools import cache
 
 import mlx.core as mx
 import numpy as np
@@ -29,16 +26,10 @@ import numpy as np
 MIN_SCORES = 2_048
 
 
-@cache
-def _allowed() -> bool:
-    return os.environ.get("MLXR_HOST_ATTENTION", "").lower() not in ("0", "off", "false", "no")
-
-
 def worth_it(scores: int, dtype) -> bool:
     """Should a call with this many scores (queries x heads x positions) over keys of
     `dtype` come here?"""
-    return scores >= MIN_SCORES and dtype == mx.float32 and _allowed() and \
-        mx.default_device() == mx.cpu
+    return scores >= MIN_SCORES and dtype == mx.float32 and mx.default_device() == mx.cpu
 
 
 def attend(queries: mx.array, keys: mx.array, values: mx.array, scale: float,

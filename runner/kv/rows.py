@@ -59,9 +59,10 @@ class Row:
 class RunStore:
     """The arrays of every run, by run id."""
 
-    def __init__(self, num_layers: int, block_size: int):
+    def __init__(self, num_layers: int, block_size: int, host_attention: bool = True):
         self.num_layers = num_layers
         self.block_size = block_size
+        self.host_attention = host_attention  # may rows be attended in numpy
         self.arrays: dict[int, RunArrays] = {}
 
     def get(self, run: Run) -> RunArrays:
@@ -261,8 +262,8 @@ class RowsLayer:
                     causal: bool) -> mx.array:
         """One row's attention: its softmax in numpy where that pays
         (runner/kv/host_attention.py)."""
-        if host_attention.worth_it(queries.shape[2] * queries.shape[1] * keys.shape[2],
-                                   keys.dtype):
+        if self.store.host_attention and host_attention.worth_it(
+                queries.shape[2] * queries.shape[1] * keys.shape[2], keys.dtype):
             self._forward.host = True
             return host_attention.attend(queries, keys, values, scale, causal)
         return mx.fast.scaled_dot_product_attention(
@@ -313,9 +314,9 @@ class RowBatch:
     """The model step's cache for models whose layers all take `RowsLayer` (see `probe`):
     every sequence's context in the pool's runs, read by reference where shared."""
 
-    def __init__(self, num_layers: int, pool):
+    def __init__(self, num_layers: int, pool, host_attention: bool = True):
         self.pool = pool
-        self.store = RunStore(num_layers, pool.block_size)
+        self.store = RunStore(num_layers, pool.block_size, host_attention)
         self.rows: list = []  # the decoding sequences, in batch order
         self._rows: dict[int, Row] = {}  # seq id -> Row, prefilling and decoding
         self._decode = _Forward()  # the last decode pass's

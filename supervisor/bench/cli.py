@@ -116,7 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.scenario_scale <= 0:
         raise SystemExit("--scenario-scale must be positive")
     runner_config = {"context_length": realistic.CONTEXT_LENGTH} if wanted else {}
-    runner_config["kv_layout"] = Settings.from_env().kv_layout  # as `mlxr serve`'s runners
+    settings = Settings.from_env()  # as `mlxr serve`'s runners
+    runner_config["kv_layout"] = settings.kv_layout
+    runner_config["host_attention"] = settings.host_attention
     if wanted:  # 8,000 tokens of context: more than the default 4,096 (our runners only)
         os.environ.setdefault("MLXR_CONTEXT_LENGTH", str(realistic.CONTEXT_LENGTH))
     try:

@@ -47,20 +47,12 @@ def test_the_causal_mask_hides_later_positions():
                            atol=1e-3).item()
 
 
-def test_it_runs_only_for_float32_and_enough_scores(monkeypatch):
+def test_it_runs_only_for_float32_and_enough_scores():
     enough = host_attention.MIN_SCORES
     assert host_attention.worth_it(enough, mx.float32)
     assert not host_attention.worth_it(enough - 1, mx.float32)
     assert not host_attention.worth_it(enough, mx.bfloat16)
     assert not host_attention.worth_it(enough, mx.float16)
-    monkeypatch.setenv("MLXR_HOST_ATTENTION", "off")
-    host_attention._allowed.cache_clear()
-    try:
-        assert not host_attention.worth_it(enough, mx.float32)
-    finally:
-        monkeypatch.delenv("MLXR_HOST_ATTENTION")
-        host_attention._allowed.cache_clear()
-    assert host_attention.worth_it(enough, mx.float32)
 
 
 class _Seq:
@@ -75,12 +67,13 @@ def model(tmp_path_factory):
     return model
 
 
-def rows_greedy(model, prompts: list[list[int]], chunk: int, steps: int) -> tuple[list, bool]:
+def rows_greedy(model, prompts: list[list[int]], chunk: int, steps: int,
+                host: bool = True) -> tuple[list, bool]:
     """Each prompt prefilled alone in chunks, then all decoded together, greedily; and whether
     the last decode pass would let a step run ahead."""
     num_layers = len(model.layers)
     pool = KVPool(num_blocks=4096, block_size=16)
-    batch = rows.RowBatch(num_layers, pool)
+    batch = rows.RowBatch(num_layers, pool, host_attention=host)
     seqs = [_Seq(i) for i in range(len(prompts))]
     firsts = []
     for seq, tokens in zip(seqs, prompts):
@@ -128,3 +121,6 @@ def test_the_host_path_is_taken_for_many_scores_only(model, monkeypatch):
     assert all(n * heads * positions >= host_attention.MIN_SCORES for n, positions in calls)
     # the long row's decode steps came here; the 20-token row never did
     assert (1, long_row + 1) in calls and not any(positions < 30 for _, positions in calls)
+    calls.clear()  # the setting (MLXR_HOST_ATTENTION=0) turns it off
+    rows_greedy(model, [list(range(2, 2 + long_row))], chunk=512, steps=3, host=False)
+    assert calls == []

@@ -38,6 +38,7 @@ load_failure_cooldown = "30s"
 hostfile = "/etc/mlxr/hosts.json"
 sharding = "pipeline"
 remote_shell = "ssh -o BatchMode=yes"
+host_attention = false
 [limits]
 memory_margin = 2147483648
 max_request_bytes = "64MiB"
@@ -64,6 +65,7 @@ def test_every_key_of_the_file_reaches_its_setting(tmp_path):
     assert (s.max_load_failures, s.load_failure_cooldown_s) == (5, 30.0)
     assert (s.hostfile, s.sharding, s.remote_shell) == \
         (Path("/etc/mlxr/hosts.json"), "pipeline", "ssh -o BatchMode=yes")
+    assert s.host_attention is False
     assert (s.memory_margin_bytes, s.max_request_bytes) == (2 << 30, 64 << 20)
     fields = {field for keys in FILE_KEYS.values() for field, _ in keys.values()}
     assert set(sources) == (fields - {"host"}) | {"host", "port"}
@@ -79,6 +81,12 @@ def test_the_environment_overrides_the_file_and_flags_override_both(tmp_path):
     s, sources = Settings.load({"MLXR_CONFIG": str(path), "MLXR_NUM_PARALLEL": "6"},
                                num_parallel=2)
     assert s.num_parallel == 2 and sources["num_parallel"] == "flag"
+
+
+@pytest.mark.parametrize("value,on", [("0", False), ("off", False), ("1", True), ("yes", True)])
+def test_the_environment_turns_host_attention_off_and_on(tmp_path, value, on):
+    s, _ = load(tmp_path, "[scheduler]\nhost_attention = true\n", MLXR_HOST_ATTENTION=value)
+    assert s.host_attention is on
 
 
 def test_an_address_in_the_environment_replaces_the_files_socket(tmp_path):
