@@ -103,7 +103,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     elif vision_family(model_config):
         # mlx-lm serves the language part; the image tower comes from mlx-vlm beside it.
         model = getattr(model, "language_model", model)
-        vision = load_vision(config.model_dir, model)
+        vision = load_vision(config.model_dir, model, config.host_attention)
     fix_model(model, model_config)
     on_progress(0.9)
     max_context = int(model_config.get("max_position_embeddings")

@@ -67,7 +67,8 @@ class VisionPrompt:
 
 
 class VisionModel:
-    def __init__(self, model_dir: str, text_model, config: dict):
+    def __init__(self, model_dir: str, text_model, config: dict, host_attention: bool = True):
+        self.host_attention = host_attention  # Settings.host_attention: the tower may use it
         from mlx_vlm.utils import load_model, load_processor
 
         self.family = vision_family(config)
@@ -115,7 +116,7 @@ class VisionModel:
 
         features = None
         if self.family == "qwen2_5_vl":
-            staged = _qwen25_tower_stages(self.vlm.vision_tower, vp)
+            staged = _qwen25_tower_stages(self.vlm.vision_tower, vp, self.host_attention)
             for features in staged:
                 if features is None:
                     yield
@@ -174,7 +175,7 @@ class VisionModel:
 STAGE_SCORES = 128 * 1024
 
 
-def _qwen25_tower_stages(tower, vp: VisionPrompt):
+def _qwen25_tower_stages(tower, vp: VisionPrompt, host: bool):
     """Qwen2.5-VL's image tower (mlx-vlm's modules, run in the order its forward pass runs
     them), yielding None between stages, then the features.
 
@@ -204,12 +205,12 @@ def _qwen25_tower_stages(tower, vp: VisionPrompt):
     yield None
     for i, block in enumerate(tower.blocks):
         bounds = images if i in tower.fullatt_block_indexes else windows
-        hidden = yield from _block_stages(block, hidden, bounds, rotary)
+        hidden = yield from _block_stages(block, hidden, bounds, rotary, host)
     merged = tower.merger(hidden)
     yield merged[mx.argsort(order, axis=0)]
 
 
-def _block_stages(block, hidden, bounds: list[int], rotary):
+def _block_stages(block, hidden, bounds: list[int], rotary, host: bool):
     """One vision block (`x + attn(norm1(x))`, then `x + mlp(norm2(x))`) with each segment
     [bounds[i], bounds[i+1]) attending within itself, in stages; returns the block's output."""
     import mlx.core as mx
@@ -228,8 +229,7 @@ def _block_stages(block, hidden, bounds: list[int], rotary):
         rows = max(STAGE_SCORES // max(b - a, 1), 1)
         for s in range(a, b, rows):
             e = min(s + rows, b)
-            outs.append(mx.fast.scaled_dot_product_attention(
-                q[:, :, s:e], k[:, :, a:b], v[:, :, a:b], scale=attn.scale))
+            outs.append(_attend(q[:, :, s:e], k[:, :, a:b], v[:, :, a:b], attn.scale, host))
             pending += (e - s) * (b - a)
             if pending >= STAGE_SCORES:
                 mx.eval(outs)
@@ -243,8 +243,21 @@ def _block_stages(block, hidden, bounds: list[int], rotary):
     return hidden
 
 
-def load_vision(model_dir: str, text_model) -> VisionModel | None:
+def _attend(q, k, v, scale: float, host: bool):
+    """Image patches attending over a segment, with no mask: with numpy's softmax where the
+    text rows would use it (runner/kv/host_attention.py), so an image's prompt costs no more
+    against a text prompt of the same length than MLX's softmax would make it."""
+    import mlx.core as mx
+
+    from mlxr.runner.kv import host_attention
+
+    if host and host_attention.worth_it(q.shape[1] * q.shape[2] * k.shape[2], k.dtype):
+        return host_attention.attend(q, k, v, scale, causal=False)
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+def load_vision(model_dir: str, text_model, host_attention: bool = True) -> VisionModel | None:
     config = json.loads((Path(model_dir) / "config.json").read_text())
     if vision_family(config) is None:
         return None
-    return VisionModel(model_dir, text_model, config)
+    return VisionModel(model_dir, text_model, config, host_attention)
