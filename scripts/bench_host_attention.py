@@ -12,33 +12,16 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.utils import load
 
+from bench_kv_rows import _Seq, median_ms  # this script's folder is on the path
 from mlxr.runner.kv import rows as kv_rows
 from mlxr.runner.kv.pool import KVPool
 from mlxr.supervisor.store.random_model import write_random_model
-
-
-class _Seq:
-    def __init__(self, seq_id: int):
-        self.seq_id = seq_id
-
-
-def median_ms(fn, repeats: int = 9) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def prefilled(model, lengths: list[int], host: bool, extra: int = 0):
@@ -111,7 +94,7 @@ def main() -> None:
         times: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(3):
             for host in (False, True):
-                times[host].append(median_ms(steps[host]))
+                times[host].append(median_ms(steps[host], repeats=9))
         mlx_ms, host_ms = (sorted(times[h])[1] for h in (False, True))
         print(f"{name:38s} mlx {mlx_ms:7.2f}  numpy softmax {host_ms:7.2f}  "
               f"ratio {host_ms / mlx_ms:.2f}", flush=True)
