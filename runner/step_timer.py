@@ -39,7 +39,7 @@ class StepTimer:
     moving average: on a shared 2-core machine single steps took 11-47 ms around a median of
     21, and an average caught at a slow one (27 ms) let every chunk of a long prompt add 20 ms
     to its step, so the streams waited 2.2 of their median intervals instead of 1.75.
-    (docs/PERFORMANCE.md, "Attention in numpy".)"""
+    (docs/PERFORMANCE.md, "The prefill stall (session 10)".)"""
 
     def __init__(self, weight: float = 0.3, window: int = 12, decode_window: int = 15):
         self.weight = weight

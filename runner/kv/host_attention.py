@@ -1,18 +1,19 @@
-"""One row's attention in numpy, for float32 rows on a CPU.
+"""One row's attention with its softmax in numpy, for float32 rows on a CPU.
 
-MLX's CPU softmax is its `exp` at 15-25 ns an element on the 2-core EPYC; numpy's runs at
-about 7 ns, and numpy's matrix products go to its own OpenBLAS. On a 16-token prefill chunk
-at position 1,800 of the 30M model one layer's attention took 2.3 ms in
-`mx.fast.scaled_dot_product_attention` and 1.1 ms here; at position 7,800, 14.7 against 3.3 ms;
-a decode row over 1,816 positions, 0.65 against 0.15 ms (docs/PERFORMANCE.md, "Attention in
-numpy"). The outputs differ from MLX's by about 1e-7 (float32 rounding in another order).
+MLX's CPU softmax is its `exp`, at 15-25 ns an element on the 2-core EPYC; numpy's runs at
+about 7 ns. The two matrix products stay MLX's. Measured on the 30M model's body
+(scripts/bench_host_attention.py, docs/PERFORMANCE.md "Attention in numpy"):
+- a 16-token prefill chunk at position 1,800: 25.4 against 12.1 ms;
+- at 7,800: 62.8 against 27.0 ms;
+- a decode step of 14 short rows and 2 of 8,000 positions: 38.6 against 24.6 ms.
+The outputs differ from MLX's by about 1e-7 (float32 rounding in another order).
 
-The price is a synchronisation point: `np.asarray` evaluates the layer's queries, so the
-forward pass can no longer be built ahead of its computation. The caller therefore uses it only
-where the scores are many (`worth_it`) and does not run a decode step ahead when a row of it
-does (runner/kv/rows.py).
+The price is a synchronisation point: `np.asarray` evaluates the layer's scores, so the
+forward pass is computed as it is built. The caller therefore uses it only where the scores
+are many (`worth_it`), and does not run a decode step ahead when a row used it
+(runner/kv/rows.py).
 
-Used only when the default device is the CPU and the keys are float32: for bfloat16 or float16
+Used only when the default device is the CPU and the keys are float32. For bfloat16 or float16
 caches a float32 copy of the keys and values would cost more than the softmax saves, and GPUs
 have their own fused kernel. `MLXR_HOST_ATTENTION=0` (Settings.host_attention) turns it off."""
 

@@ -68,9 +68,9 @@ class VisionPrompt:
 
 class VisionModel:
     def __init__(self, model_dir: str, text_model, config: dict, host_attention: bool = True):
-        self.host_attention = host_attention  # Settings.host_attention: the tower may use it
         from mlx_vlm.utils import load_model, load_processor
 
+        self.host_attention = host_attention  # Settings.host_attention: the tower may use it
         self.family = vision_family(config)
         if self.family is None:
             raise ValueError(f"{model_dir} is not a vision model the runner serves")
