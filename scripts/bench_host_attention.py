@@ -24,20 +24,23 @@ from mlxr.runner.kv.pool import KVPool
 from mlxr.supervisor.store.random_model import write_random_model
 
 
-def prefilled(model, lengths: list[int], host: bool, extra: int = 0):
-    """A RowBatch holding one row per length, each prefilled in 512-token chunks."""
+def prefilled(model, lengths: list[int], host: bool, extra: int = 0, shared: int = 0):
+    """A RowBatch holding one row per length, each prefilled in 512-token chunks; the first
+    `shared` tokens are the same in every row (the later rows read them from the first)."""
     body = model.model
     pool = KVPool(100_000)
     batch = kv_rows.RowBatch(len(model.layers), pool, host_attention=host)
     seqs = [_Seq(i) for i in range(len(lengths))]
     for seq, n in zip(seqs, lengths):
-        tokens = [5 + (7 * i + seq.seq_id) % 1000 for i in range(n + extra)]
-        batch.admit(seq, pool.admit(seq.seq_id, tokens, n + extra + 64))
-        for a in range(0, n, 512):
+        tokens = [5 + (7 * i + (seq.seq_id if i >= shared else 0)) % 1000
+                  for i in range(n + extra)]
+        cached = batch.admit(seq, pool.admit(seq.seq_id, tokens, n + extra + 64))
+        for a in range(cached, n, 512):
             b = min(a + 512, n)
             body(mx.array([tokens[a:b]]), cache=batch.prefill_cache(seq))
             batch.advance([seq], b - a)
             mx.eval(batch.arrays([seq]))
+            pool.commit(seq.seq_id, tokens, b)
         seq.tokens = tokens
     return batch, seqs
 
@@ -53,9 +56,9 @@ def chunk_case(model, context: int, chunk: int):
     return make
 
 
-def decode_case(model, lengths: list[int]):
+def decode_case(model, lengths: list[int], shared: int = 0):
     def make(host: bool):
-        batch, seqs = prefilled(model, lengths, host)
+        batch, seqs = prefilled(model, lengths, host, shared=shared)
         for seq in seqs:
             batch.join(seq)
         inputs = mx.array([[5]] * len(lengths))
@@ -86,6 +89,8 @@ def main() -> None:
         ("decode, 14 rows of 100 + 2 of 8,000", decode_case(model, [100] * 14 + [8000] * 2)),
         ("decode, 16 rows of 100-600", decode_case(
             model, [rng.randint(100, 600) for _ in range(16)])),
+        ("decode, 16 rows of 1,100 sharing 1,000", decode_case(model, [1100] * 16, 1000)),
+        ("decode, 16 rows of 400 sharing 300", decode_case(model, [400] * 16, 300)),
     ]
     print(f"mlx {mx.__version__}, device {mx.default_device()}, preset {args.preset}; "
           f"body milliseconds, MLX attention against numpy's softmax")

@@ -33,19 +33,29 @@ def worth_it(scores: int, dtype) -> bool:
     return scores >= MIN_SCORES and dtype == mx.float32 and mx.default_device() == mx.cpu
 
 
-def attend(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
-           causal: bool) -> mx.array:
+def attend(queries: mx.array, keys: mx.array | list[mx.array],
+           values: mx.array | list[mx.array], scale: float, causal: bool) -> mx.array:
     """`mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale,
     mask="causal" if causal else None)` for one row: queries (1, heads, n, dim), keys and values
     (1, kv_heads, positions, dim), the queries being the last n positions. Grouped queries
     share a key head as MLX's do: head h reads key head h // (heads // kv_heads).
 
+    `keys` and `values` may also be lists of consecutive pieces of the context (a row's shared
+    prefix segments, then its own run; the last piece holds the n query positions). Each piece
+    gets its own products, and only the scores are joined: a row reading a shared prefix is
+    not copied into one array at every layer of every step.
+
     The two products stay MLX's (one BLAS in the process: a second OpenBLAS's threads, numpy's,
     spinning beside MLX's made the step slower, not faster); only the softmax is numpy's."""
+    keys = keys if isinstance(keys, list) else [keys]
+    values = values if isinstance(values, list) else [values]
     _, heads, n, dim = queries.shape
-    kv_heads, positions = keys.shape[1], keys.shape[2]
+    kv_heads = keys[0].shape[1]
     group = heads // kv_heads
-    scores = (queries * scale).reshape(1, kv_heads, group * n, dim) @ keys.swapaxes(-1, -2)
+    q = (queries * scale).reshape(1, kv_heads, group * n, dim)
+    parts = [q @ k.swapaxes(-1, -2) for k in keys]
+    scores = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+    positions = scores.shape[-1]
     # Evaluates the scores; the view writes into their buffer, which nothing else holds.
     grid = np.asarray(scores).reshape(kv_heads, group, n, positions)
     if causal and n > 1:  # query i sits at position positions - n + i
@@ -54,4 +64,12 @@ def attend(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
     np.exp(grid, out=grid)
     grid /= grid.sum(axis=-1, keepdims=True)
     probs = mx.array(grid.reshape(1, kv_heads, group * n, positions))
-    return (probs @ values).reshape(1, heads, n, values.shape[-1])
+    if len(values) == 1:
+        out = probs @ values[0]
+    else:
+        out, at = None, 0
+        for v in values:
+            part = probs[..., at:at + v.shape[2]] @ v
+            out = part if out is None else out + part
+            at += v.shape[2]
+    return out.reshape(1, heads, n, values[0].shape[-1])

@@ -111,6 +111,19 @@ class RunStore:
                 length: int) -> tuple[mx.array, mx.array]:
         """Keys and values of positions [0, length): one slice when the row has no shared
         segments, else the segments joined (a copy for this call only)."""
+        parts_k, parts_v = self.pieces(row_shared, run, layer, length)
+        if len(parts_k) == 1:
+            return parts_k[0], parts_v[0]
+        return mx.concatenate(parts_k, axis=2), mx.concatenate(parts_v, axis=2)
+
+    def dtype(self, run: Run, layer: int):
+        """The dtype of a written run's keys."""
+        return self.arrays[run.run_id].keys[layer].dtype
+
+    def pieces(self, row_shared: list[Segment], run: Run, layer: int,
+               length: int) -> tuple[list[mx.array], list[mx.array]]:
+        """Keys and values of positions [0, length) as slices, in order: each shared
+        segment's, then the row's own run's (when it has any)."""
         parts_k, parts_v = [], []
         for seg in row_shared:
             arrays = self.arrays[seg.run.run_id]
@@ -122,9 +135,7 @@ class RunStore:
         if own > 0 or not parts_k:
             parts_k.append(arrays.keys[layer][..., :own, :])
             parts_v.append(arrays.values[layer][..., :own, :])
-        if len(parts_k) == 1:
-            return parts_k[0], parts_v[0]
-        return mx.concatenate(parts_k, axis=2), mx.concatenate(parts_v, axis=2)
+        return parts_k, parts_v
 
 
 # A decode row whose keys and values (one layer) take at most this many bytes is attended
@@ -235,9 +246,7 @@ class RowsLayer:
     def attend(self, queries: mx.array, scale: float) -> mx.array:
         n = self._num_new
         if len(self.rows) == 1:
-            row = self.rows[0]
-            k, v = self.store.context(row.shared, row.run, self.layer, row.length + n)
-            return self._attend_one(queries, k, v, scale, n > 1)
+            return self._attend_one(queries, self.rows[0], n, scale)
         if self._forward.plan is None:
             self._forward.plan = _DecodePlan(self.store, self.rows)
         plan = self._forward.plan
@@ -252,22 +261,23 @@ class RowsLayer:
                 queries[group.index], mx.concatenate(ks, axis=0), mx.concatenate(vs, axis=0),
                 scale=scale, mask=group.mask))
         for i in plan.singles:
-            row = self.rows[i]
-            k, v = self.store.context(row.shared, row.run, self.layer, row.length + 1)
-            outs.append(self._attend_one(queries[i:i + 1], k, v, scale, False))
+            outs.append(self._attend_one(queries[i:i + 1], self.rows[i], 1, scale))
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
         return out if plan.order is None else out[plan.order]
 
-    def _attend_one(self, queries: mx.array, keys: mx.array, values: mx.array, scale: float,
-                    causal: bool) -> mx.array:
-        """One row's attention: its softmax in numpy where that pays
-        (runner/kv/host_attention.py)."""
+    def _attend_one(self, queries: mx.array, row: Row, n: int, scale: float) -> mx.array:
+        """One row's attention over its context, its `n` newest positions querying: with
+        numpy's softmax where that pays (runner/kv/host_attention.py), which reads a shared
+        prefix in place; else MLX's, over the context joined into one array."""
+        length = row.length + n
         if self.store.host_attention and host_attention.worth_it(
-                queries.shape[2] * queries.shape[1] * keys.shape[2], keys.dtype):
+                n * queries.shape[1] * length, self.store.dtype(row.run, self.layer)):
             self._forward.host = True
-            return host_attention.attend(queries, keys, values, scale, causal)
+            ks, vs = self.store.pieces(row.shared, row.run, self.layer, length)
+            return host_attention.attend(queries, ks, vs, scale, n > 1)
+        k, v = self.store.context(row.shared, row.run, self.layer, length)
         return mx.fast.scaled_dot_product_attention(
-            queries, keys, values, scale=scale, mask="causal" if causal else None)
+            queries, k, v, scale=scale, mask="causal" if n > 1 else None)
 
     @property
     def state(self):

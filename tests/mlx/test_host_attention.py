@@ -77,11 +77,13 @@ def rows_greedy(model, prompts: list[list[int]], chunk: int, steps: int,
     seqs = [_Seq(i) for i in range(len(prompts))]
     firsts = []
     for seq, tokens in zip(seqs, prompts):
-        batch.admit(seq, pool.admit(seq.seq_id, tokens, len(tokens) + steps + 1))
-        for start in range(0, len(tokens), chunk):
+        # as the scheduler does: a prompt starts after what it shares with earlier ones
+        cached = batch.admit(seq, pool.admit(seq.seq_id, tokens, len(tokens) + steps + 1))
+        for start in range(cached, len(tokens), chunk):
             part = tokens[start:start + chunk]
             logits = model(mx.array([part]), cache=batch.prefill_cache(seq))
             batch.advance([seq], len(part))
+            pool.commit(seq.seq_id, tokens, start + len(part))
         firsts.append(mx.argmax(logits[:, -1, :], axis=-1))
         batch.join(seq)
     out = [[int(t.item())] for t in firsts]
@@ -92,6 +94,7 @@ def rows_greedy(model, prompts: list[list[int]], chunk: int, steps: int,
         last = mx.argmax(logits[:, -1, :], axis=-1)
         for i, t in enumerate(last.tolist()):
             out[i].append(t)
+    rows_greedy.shared = [bool(batch._rows[s.seq_id].shared) for s in seqs]
     return out, batch.can_run_ahead()
 
 
@@ -110,11 +113,35 @@ def test_rows_give_mlx_lms_greedy_tokens_either_way(model, monkeypatch, minimum)
     assert ahead == (minimum == 10**12)
 
 
+@pytest.mark.parametrize("minimum", [0, 10**12], ids=["numpy", "mlx"])
+def test_rows_reading_a_shared_prefix_give_mlx_lms_greedy_tokens(model, monkeypatch, minimum):
+    # numpy's softmax reads the shared segments in place, piece by piece; MLX's joins them
+    monkeypatch.setattr(host_attention, "MIN_SCORES", minimum)
+    prefix = [(5 * i + 1) % 400 + 2 for i in range(300)]
+    prompts = [prefix + [(3 * i + k) % 90 + 2 for i in range(20 + 30 * k)] for k in range(3)]
+    got, _ = rows_greedy(model, prompts, chunk=64, steps=8)
+    assert rows_greedy.shared == [False, True, True]
+    assert got == [mlx_lm_greedy(model, p, 8) for p in prompts]
+
+
+def test_pieces_of_a_context_give_the_whole_contexts_attention():
+    q = mx.random.normal((1, 4, 5, 16))
+    k = mx.random.normal((1, 2, 90, 16))
+    v = mx.random.normal((1, 2, 90, 16))
+    cuts = [0, 32, 48, 90]
+    ks = [k[..., a:b, :] for a, b in zip(cuts, cuts[1:])]
+    vs = [v[..., a:b, :] for a, b in zip(cuts, cuts[1:])]
+    for causal in (True, False):
+        got = host_attention.attend(q, ks, vs, 0.3, causal)
+        assert mx.allclose(got, reference(q, k, v, 0.3, causal), atol=1e-5).item()
+
+
 def test_the_host_path_is_taken_for_many_scores_only(model, monkeypatch):
     calls = []
     original = host_attention.attend
     monkeypatch.setattr(host_attention, "attend",
-                        lambda *a: calls.append((a[0].shape[2], a[1].shape[2])) or original(*a))
+                        lambda *a: calls.append((a[0].shape[2], sum(k.shape[2] for k in a[1])))
+                        or original(*a))
     heads = model.args.num_attention_heads
     long_row = host_attention.MIN_SCORES // heads + 10
     rows_greedy(model, [list(range(2, 22)), list(range(2, 2 + long_row))], chunk=512, steps=3)
