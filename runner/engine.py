@@ -120,7 +120,8 @@ class Engine:
             capabilities=loaded.capabilities if loaded else [],
             blas_path=self.blas.path or "", blas_config=self.blas.config,
             sharding=loaded.sharding if loaded else "",
-            ranks=self.leader.channel.group.size() if self.leader else 1)
+            ranks=self.leader.channel.group.size() if self.leader else 1,
+            weights=loaded.weights if loaded else "")
 
     # -- the engine thread --------------------------------------------------------------
     def _main(self) -> None:

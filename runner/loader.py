@@ -52,6 +52,7 @@ class LoadedModel:
     model_step: ModelStep | None = None
     vision: Any = None  # runner.vision.model.VisionModel: the model takes images
     sharding: str = ""  # over a distributed group: "tensor" or "pipeline"
+    weights: str = ""  # what the weights are held as (runner/weights.py's float32_on_cpu)
 
 
 def freeze_heap() -> None:
@@ -76,6 +77,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     from mlxr.runner.embed.embeddings import LMEmbedder, is_encoder_dir, load_encoder_embedder
     from mlxr.runner.model_step import ModelStep
     from mlxr.runner.vision.model import load_vision
+    from mlxr.runner.weights import float32_on_cpu
     from mlxr.shared.vision import vision_family
 
     if is_encoder_dir(config.model_dir):
@@ -103,6 +105,11 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     elif vision_family(model_config):
         # mlx-lm serves the language part; the image tower comes from mlx-vlm beside it.
         model = getattr(model, "language_model", model)
+    # Ranks must agree on their weights' dtype, and "auto" reads each host's free memory.
+    mode = config.float32_weights if group is None or config.float32_weights != "auto" else "off"
+    weights = float32_on_cpu(model, mode, config.kv_cache_bytes,
+                             int(psutil.virtual_memory().available))
+    if vision_family(model_config):
         vision = load_vision(config.model_dir, model, config.host_attention)
     fix_model(model, model_config)
     on_progress(0.9)
@@ -127,7 +134,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     capabilities = ["completion"] + (["vision"] if vision is not None else [])
     return LoadedModel(model, tokenizer, max_context, bytes_per_token, vocab_size,
                        capabilities, embedder=embedder, model_step=step, vision=vision,
-                       sharding=how)
+                       sharding=how, weights=weights)
 
 
 def make_scheduler(config: RunnerConfig, loaded: LoadedModel,

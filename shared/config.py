@@ -139,6 +139,9 @@ class Settings:
     # On a CPU, attend float32 rows with many scores with numpy's softmax
     # (runner/kv/host_attention.py; MLXR_HOST_ATTENTION=0: always MLX's attention).
     host_attention: bool = True
+    # On a CPU, widen bfloat16, float16 and quantized weights to float32 at load, where MLX's
+    # matmuls use BLAS (runner/weights.py): "auto" (when it fits in memory), "on", "off".
+    float32_weights: str = "auto"
     memory_margin_bytes: int = 1 << 30
     max_request_bytes: int = 32 << 20
     api_key: str | None = None
@@ -259,6 +262,8 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
     if env.get("MLXR_HOST_ATTENTION") is not None:
         values["host_attention"] = env["MLXR_HOST_ATTENTION"].strip().lower() not in (
             "", "0", "false", "off", "no")
+    if env.get("MLXR_FLOAT32_WEIGHTS"):
+        values["float32_weights"] = _parse_float32_weights(env["MLXR_FLOAT32_WEIGHTS"])
     if env.get("MLXR_ALLOW_IMAGE_URLS") is not None:
         values["allow_image_urls"] = env["MLXR_ALLOW_IMAGE_URLS"] not in ("", "0", "false")
     if env.get("MLXR_HOSTFILE"):
@@ -278,6 +283,15 @@ def _address(value: str) -> dict[str, Any]:
     return {"host": host, "port": port}
 
 
+def _parse_float32_weights(value: str) -> str:
+    value = value.strip().lower()
+    value = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off",
+             "no": "off"}.get(value, value)
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f"float32_weights must be auto, on or off, not {value!r}")
+    return value
+
+
 def _parse_sharding(value: str) -> str:
     value = value.strip().lower()
     if value not in ("auto", "tensor", "pipeline"):
@@ -287,7 +301,8 @@ def _parse_sharding(value: str) -> str:
 
 _FILE_PARSERS: dict[str, Any] = {"address": _address, "duration": parse_duration,
                                  "size": _parse_bytes, "kv_layout": _parse_kv_layout,
-                                 "sharding": _parse_sharding}
+                                 "sharding": _parse_sharding,
+                                 "float32_weights": _parse_float32_weights}
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +319,7 @@ class RunnerConfig:
     kv_cache_bytes: int = 0  # 0: derived from the system's available memory
     kv_layout: str = "rows"  # Settings.kv_layout
     host_attention: bool = True  # Settings.host_attention
+    float32_weights: str = "auto"  # Settings.float32_weights
     watch_stdin: bool = False  # exit when stdin closes (the supervisor died)
     # Where the secret every request must carry comes from (never argv, which `ps` shows):
     # the first line of stdin (the supervisor's way), else this file (created with a fresh

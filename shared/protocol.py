@@ -302,6 +302,9 @@ class RunnerStatus:
     # A distributed runner's split ("tensor" or "pipeline") and its number of ranks.
     sharding: str = ""
     ranks: int = 1
+    # What the weights are held as: how they were stored ("bfloat16", "4-bit", ...), or
+    # "float32 from <stored>" where the runner widened them on the CPU (runner/weights.py).
+    weights: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -147,6 +147,8 @@ def running_model_json(m: RunningModel) -> dict[str, Any]:
     out = {"name": m.name, "model": m.model, "size": m.size, "digest": m.digest,
            "details": m.details, "expires_at": rfc3339(m.expires_at), "size_vram": m.size_vram,
            "context_length": m.context_length, "blas": m.blas, "kv": m.kv}
+    if m.weights:
+        out["weights"] = m.weights
     if m.ranks:  # a model sharded over several ranks: how, and each one's host and memory
         out["sharding"] = m.sharding
         out["ranks"] = m.ranks

@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = Settings.from_env()  # as `mlxr serve`'s runners
     runner_config["kv_layout"] = settings.kv_layout
     runner_config["host_attention"] = settings.host_attention
+    runner_config["float32_weights"] = settings.float32_weights
     if wanted:  # 8,000 tokens of context: more than the default 4,096 (our runners only)
         os.environ.setdefault("MLXR_CONTEXT_LENGTH", str(realistic.CONTEXT_LENGTH))
     try:

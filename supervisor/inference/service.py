@@ -136,7 +136,7 @@ class Service:
                 context_length=_served_context(slot), blas=slot.blas, kv=slot.kv,
                 active=slot.active, waiting=slot.waiting,
                 ranks=slot.runner.ranks() if hasattr(slot.runner, "ranks") else [],
-                sharding=slot.sharding))
+                sharding=slot.sharding, weights=slot.weights))
         out.sort(key=lambda m: m.expires_at, reverse=True)
         return out
 

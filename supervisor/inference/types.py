@@ -169,6 +169,7 @@ class RunningModel:
     context_length: int
     blas: dict[str, str]
     kv: dict[str, Any] = field(default_factory=dict)
+    weights: str = ""  # "bfloat16", "float32 from 4-bit", ... (runner/weights.py)
     active: int = 0  # the runner's running and waiting sequences (the dashboard shows them)
     waiting: int = 0
     ranks: list[dict[str, Any]] = field(default_factory=list)  # a distributed runner's ranks

@@ -434,7 +434,8 @@ def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
             port=free_port(), num_parallel=settings.num_parallel,
             context_length=spec.context_length, prefix_cache_bytes=settings.prefix_cache_bytes,
             kv_cache_bytes=spec.kv_cache_bytes // spec.local_ranks,
-            kv_layout=settings.kv_layout, host_attention=settings.host_attention, watch_stdin=True, token_stdin=True,
+            kv_layout=settings.kv_layout, host_attention=settings.host_attention,
+            float32_weights=settings.float32_weights, watch_stdin=True, token_stdin=True,
             blas=library or "off", sharding=spec.sharding)
         if spec.hosts:  # one runner made of the hostfile's ranks
             await check_remote_memory(spec, settings.remote_shell)

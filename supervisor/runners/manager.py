@@ -95,6 +95,7 @@ class Slot:
     stop_task: asyncio.Future | None = None
     refreshed_at: float = float("-inf")  # time.monotonic() of the last /v1/status read
     blas: dict[str, str] = field(default_factory=dict)  # what the runner says serves its sgemm
+    weights: str = ""  # what the runner holds its weights as (RunnerStatus.weights)
     kv: dict[str, Any] = field(default_factory=dict)  # the runner's KV block pool figures
     active: int = 0  # sequences the runner is running, and waiting for room, when last read
     waiting: int = 0
@@ -431,6 +432,7 @@ class RunnerManager:
         slot.active, slot.waiting = int(status.active), int(status.waiting)
         slot.sharding = status.sharding
         slot.blas = {"path": status.blas_path, "config": status.blas_config}
+        slot.weights = status.weights
         slot.kv = {"block_size": status.kv_block_size, "blocks_total": status.kv_blocks_total,
                    "blocks_used": status.kv_blocks_used,
                    "blocks_cached": status.kv_blocks_cached, "bytes": status.kv_bytes,

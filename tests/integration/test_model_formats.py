@@ -20,6 +20,7 @@ import concurrent.futures as cf
 import json
 import shutil
 
+import httpx
 import openai
 import pytest
 
@@ -98,6 +99,12 @@ def _exercise(server, model: str, batched: bool) -> None:
     chunks = list(client.chat(model=model, messages=MESSAGES, stream=True, options=options))
     text = "".join(c.message.content for c in chunks)
     assert chunks[-1].done and chunks[-1].eval_count == N, model
+    # On the CPU every format is served as float32 (runner/weights.py), and /api/ps says so.
+    weights = {m["name"]: m.get("weights") for m in
+               httpx.get(server.url + "/api/ps").json()["models"]}
+    held = weights[f"{model}:latest"]
+    assert held == "float32" if model.endswith("-f32") else held.startswith("float32 from "), \
+        (model, held)
     oa = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
     for attempt in range(2):
         reply = oa.chat.completions.create(model=model, messages=MESSAGES, temperature=0,

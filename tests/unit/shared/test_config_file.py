@@ -39,6 +39,7 @@ hostfile = "/etc/mlxr/hosts.json"
 sharding = "pipeline"
 remote_shell = "ssh -o BatchMode=yes"
 host_attention = false
+float32_weights = "off"
 [limits]
 memory_margin = 2147483648
 max_request_bytes = "64MiB"
@@ -65,7 +66,7 @@ def test_every_key_of_the_file_reaches_its_setting(tmp_path):
     assert (s.max_load_failures, s.load_failure_cooldown_s) == (5, 30.0)
     assert (s.hostfile, s.sharding, s.remote_shell) == \
         (Path("/etc/mlxr/hosts.json"), "pipeline", "ssh -o BatchMode=yes")
-    assert s.host_attention is False
+    assert s.host_attention is False and s.float32_weights == "off"
     assert (s.memory_margin_bytes, s.max_request_bytes) == (2 << 30, 64 << 20)
     fields = {field for keys in FILE_KEYS.values() for field, _ in keys.values()}
     assert set(sources) == (fields - {"host"}) | {"host", "port"}
@@ -87,6 +88,20 @@ def test_the_environment_overrides_the_file_and_flags_override_both(tmp_path):
 def test_the_environment_turns_host_attention_off_and_on(tmp_path, value, on):
     s, _ = load(tmp_path, "[scheduler]\nhost_attention = true\n", MLXR_HOST_ATTENTION=value)
     assert s.host_attention is on
+
+
+@pytest.mark.parametrize("value,mode", [("0", "off"), ("on", "on"), ("TRUE", "on"),
+                                        ("auto", "auto")])
+def test_the_environment_sets_float32_weights(tmp_path, value, mode):
+    s, _ = load(tmp_path, '[scheduler]\nfloat32_weights = "off"\n', MLXR_FLOAT32_WEIGHTS=value)
+    assert s.float32_weights == mode
+
+
+def test_float32_weights_refuses_other_words(tmp_path):
+    with pytest.raises(ValueError, match="auto, on or off"):
+        Settings.from_env({"MLXR_FLOAT32_WEIGHTS": "maybe", "HOME": str(tmp_path)})
+    with pytest.raises(ConfigError, match="float32_weights"):
+        load(tmp_path, '[scheduler]\nfloat32_weights = "bf16"\n')
 
 
 def test_an_address_in_the_environment_replaces_the_files_socket(tmp_path):

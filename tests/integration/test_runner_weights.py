@@ -1,0 +1,67 @@
+"""A real runner serving a bfloat16 model on the CPU: by default it widens the weights to
+float32 (runner/weights.py) and says so in /v1/status, and its greedy tokens are mlx-lm's for
+the widened model; with `float32_weights` off it serves the bfloat16 weights as stored.
+(bfloat16 arithmetic rounds differently over different shapes, so the stored model's tokens
+are not compared with mlx-lm's: the runner's last-position head and mlx-lm's whole-prompt
+logits already part at the first token on this random model.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.utils import load
+
+from mlxr.runner.weights import widen
+from mlxr.supervisor.store.random_model import write_random_model
+from tests.harness.runner_process import running
+from tests.integration.test_runner import complete, greedy
+
+PROMPTS = [[11, 12, 13, 14, 15], [300, 301, 302, 303, 304, 305, 306, 307, 308]]
+N = 12
+
+
+@pytest.fixture(scope="module")
+def bf16_model(tmp_path_factory):
+    return write_random_model(tmp_path_factory.mktemp("bf16") / "m", preset="tiny",
+                              dtype="bfloat16")
+
+
+def mlx_lm_tokens(model_dir, widened: bool) -> list[list[int]]:
+    model, _ = load(str(model_dir))
+    if widened:
+        widen(model)
+    out = []
+    for prompt in PROMPTS:
+        steps = generate_step(mx.array(prompt), model, max_tokens=N, sampler=make_sampler(0.0))
+        out.append([int(t) for t, _ in steps])
+    return out
+
+
+def served_tokens(url: str) -> list[list[int]]:
+    async def main():
+        async with httpx.AsyncClient(timeout=60) as client:
+            return [await complete(client, url, {"tokens": p, "options": greedy(N)})
+                    for p in PROMPTS]
+
+    return [tokens for tokens, *_ in asyncio.run(main())]
+
+
+def test_by_default_a_bfloat16_model_is_widened_and_generates_mlx_lms_tokens_for_it(
+        bf16_model, subprocess_env):
+    with running(bf16_model, subprocess_env, num_parallel=4) as url:
+        assert httpx.get(url + "/v1/status").json()["weights"] == "float32 from bfloat16"
+        assert served_tokens(url) == mlx_lm_tokens(bf16_model, widened=True)
+
+
+def test_with_the_setting_off_the_stored_bfloat16_weights_are_served(bf16_model,
+                                                                      subprocess_env):
+    with running(bf16_model, subprocess_env, num_parallel=4, float32_weights="off") as url:
+        assert httpx.get(url + "/v1/status").json()["weights"] == "bfloat16"
+        served = served_tokens(url)
+        assert [len(t) for t in served] == [N] * len(PROMPTS)
+        assert served != mlx_lm_tokens(bf16_model, widened=True)

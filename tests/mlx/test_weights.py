@@ -1,0 +1,95 @@
+"""Widening a model's weights to float32 (runner/weights.py): what `footprint` measures for
+float32, bfloat16 and MLX 4-bit models, that `widen` leaves only float32 arrays and no
+quantized layers, and that the widened model computes what the stored one does (the same
+values, in wider arithmetic)."""
+
+from __future__ import annotations
+
+import shutil
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.utils import load
+
+from mlxr.runner.weights import float32_on_cpu, footprint, widen
+from mlxr.supervisor.store.quantize import quantize_dir
+from mlxr.supervisor.store.random_model import write_random_model
+
+PROMPT = mx.array([[5, 17, 300, 42, 9, 1000, 77]])
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("weights")
+    f32 = write_random_model(tmp / "f32", preset="tiny")
+    bf16 = write_random_model(tmp / "bf16", preset="tiny", dtype="bfloat16")
+    q4 = tmp / "q4"
+    quantize_dir(f32, q4, 4)
+    for extra in f32.iterdir():
+        if not (q4 / extra.name).exists():
+            shutil.copy(extra, q4 / extra.name)
+    return {"f32": f32, "bf16": bf16, "q4": q4}
+
+
+def dtypes(model) -> set:
+    return {a.dtype for _, a in tree_flatten(model.parameters())}
+
+
+def test_footprint_of_each_format(models):
+    f32, _ = load(str(models["f32"]))
+    bf16, _ = load(str(models["bf16"]))
+    q4, _ = load(str(models["q4"]))
+    wide = footprint(f32)
+    assert wide.stored_as == "float32" and wide.stored_bytes == wide.float32_bytes
+    assert wide.stored_bytes == sum(a.nbytes for _, a in tree_flatten(f32.parameters()))
+    half = footprint(bf16)
+    assert half.stored_as == "bfloat16"
+    assert (half.stored_bytes * 2, half.float32_bytes) == (wide.float32_bytes,) * 2
+    quarter = footprint(q4)
+    assert quarter.stored_as == "4-bit" and quarter.float32_bytes == wide.float32_bytes
+    assert quarter.stored_bytes < wide.stored_bytes / 4
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "q4"])
+def test_widen_leaves_float32_arrays_only_and_computes_the_same_values(models, fmt):
+    model, _ = load(str(models[fmt]))
+    stored = model(PROMPT).astype(mx.float32)
+    widen(model)
+    assert dtypes(model) == {mx.float32}
+    kinds = {type(m) for _, m in model.named_modules()}
+    assert not kinds & {nn.QuantizedLinear, nn.QuantizedEmbedding}
+    wide = model(PROMPT)
+    assert wide.dtype == mx.float32
+    if fmt == "q4":  # the same float32 arithmetic over the dequantized values
+        assert mx.allclose(wide, stored, atol=1e-4).item()
+    else:  # bfloat16 arithmetic rounds; float32 is closer to the float32 source model
+        source, _ = load(str(models["f32"]))
+        exact = source(PROMPT)
+        assert (mx.abs(wide - exact).max() < mx.abs(stored - exact).max()).item()
+        assert mx.allclose(wide, stored, atol=0.1).item()
+
+
+def test_a_widened_4_bit_model_generates_the_stored_models_greedy_tokens(models):
+    stored, _ = load(str(models["q4"]))
+    widened, _ = load(str(models["q4"]))
+    widen(widened)
+
+    def tokens(model):
+        steps = generate_step(PROMPT[0], model, max_tokens=24, sampler=make_sampler(0.0))
+        return [int(t) for t, _ in steps]
+
+    assert tokens(widened) == tokens(stored)
+
+
+def test_the_setting_decides_and_says_what_the_weights_are(models):
+    model, _ = load(str(models["bf16"]))
+    assert float32_on_cpu(model, "off", 0, 1 << 40) == "bfloat16"
+    assert dtypes(model) == {mx.bfloat16}
+    assert float32_on_cpu(model, "auto", 1 << 30, 1 << 20) == "bfloat16"  # does not fit
+    assert float32_on_cpu(model, "auto", 0, 1 << 40) == "float32 from bfloat16"
+    assert dtypes(model) == {mx.float32}
+    assert float32_on_cpu(model, "auto", 0, 1 << 40) == "float32"
