@@ -53,6 +53,7 @@ class LoadedModel:
     vision: Any = None  # runner.vision.model.VisionModel: the model takes images
     sharding: str = ""  # over a distributed group: "tensor" or "pipeline"
     weights: str = ""  # what the weights are held as (runner/weights.py's float32_on_cpu)
+    kv_scale: float = 1.0  # the KV budget's factor: 2 where 16-bit weights were widened
 
 
 def freeze_heap() -> None:
@@ -107,10 +108,17 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
         model = getattr(model, "language_model", model)
     # Ranks must agree on their weights' dtype, and "auto" reads each host's free memory.
     mode = config.float32_weights if group is None or config.float32_weights != "auto" else "off"
-    weights = float32_on_cpu(model, mode, config.kv_cache_bytes,
+    # Widened weights make float32 keys and values: the same number of tokens then needs
+    # kv_scale times the bytes the supervisor budgeted from config.json's dtype.
+    kv_scale = 4 / _kv_figures(model)[1]
+    weights = float32_on_cpu(model, mode, int(config.kv_cache_bytes * kv_scale),
                              int(psutil.virtual_memory().available))
+    if not weights.startswith("float32 from"):
+        kv_scale = 1.0
     if vision_family(model_config):
         vision = load_vision(config.model_dir, model, config.host_attention)
+        if weights.startswith("float32 from"):
+            vision.widen()
     fix_model(model, model_config)
     on_progress(0.9)
     max_context = int(model_config.get("max_position_embeddings")
@@ -124,7 +132,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
              else "padded batch (this architecture does not fit the rows)")
     log.info("decode head: %s", "BLAS matrix-vector products for 1-2 rows"
              if step.host_head is not None else "MLX")
-    bytes_per_token = _kv_bytes_per_token(model)
+    bytes_per_token = _kv_figures(model)[0]
     vocab_size = int(model_config.get("vocab_size") or len(tokenizer._tokenizer))
     if group is not None and step.split.body is None:
         raise UnsupportedModel("a sharded model must split into body and head")
@@ -134,7 +142,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     capabilities = ["completion"] + (["vision"] if vision is not None else [])
     return LoadedModel(model, tokenizer, max_context, bytes_per_token, vocab_size,
                        capabilities, embedder=embedder, model_step=step, vision=vision,
-                       sharding=how, weights=weights)
+                       sharding=how, weights=weights, kv_scale=kv_scale)
 
 
 def make_scheduler(config: RunnerConfig, loaded: LoadedModel,
@@ -146,7 +154,8 @@ def make_scheduler(config: RunnerConfig, loaded: LoadedModel,
         # Never fed: the server refuses completions for an embedding-only model.
         return Scheduler(SchedulerConfig(), KVPool(1), admit=lambda seq, adm: 0,
                          eos_token_ids=set())
-    budget_bytes = config.kv_cache_bytes or int(psutil.virtual_memory().available * 0.5)
+    budget_bytes = (int(config.kv_cache_bytes * loaded.kv_scale)
+                    or int(psutil.virtual_memory().available * 0.5))
     num_blocks = max(budget_bytes // (max(loaded.bytes_per_token, 1) * BLOCK_SIZE), 1)
     pool = loaded.model_step.make_pool(num_blocks, BLOCK_SIZE)
     admit = loaded.model_step.admit
@@ -160,16 +169,18 @@ def make_scheduler(config: RunnerConfig, loaded: LoadedModel,
         eos_token_ids=set(loaded.tokenizer.eos_token_ids), stop_matched=stop_matched)
 
 
-def _kv_bytes_per_token(model) -> int:
+def _kv_figures(model) -> tuple[int, int]:
+    """Bytes of keys and values one token takes over every layer, and their item size."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
     caches = make_prompt_cache(model)
     model(mx.array([[1]]), cache=caches)
-    total = 0
+    total, itemsize = 0, 4
     for c in caches:
         state = c.state
         if isinstance(state, tuple) and len(state) >= 2 and hasattr(state[0], "shape"):
             keys, values = state[0], state[1]
             total += (keys.nbytes + values.nbytes) // max(keys.shape[2], 1)
-    return max(total, 1)
+            itemsize = keys.itemsize
+    return max(total, 1), itemsize

@@ -83,6 +83,16 @@ class VisionModel:
         log.info("vision: %s image tower (mlx-vlm), %s", self.family,
                  "multimodal RoPE" if self.rope else "plain RoPE")
 
+    def widen(self) -> None:
+        """Widen the image tower and projector to float32, as the text model was
+        (runner/weights.py): their matmuls are the image prefill's, and the text model now
+        takes float32 embeddings."""
+        from mlxr.runner.weights import widen
+
+        for name, child in self.vlm.children().items():
+            if name != "language_model" and hasattr(child, "named_modules"):
+                widen(child)
+
     # -- any thread ------------------------------------------------------------------------
     def prepare(self, prompt: str, images: list[DecodedImage]) -> VisionPrompt:
         from mlx_vlm.utils import prepare_inputs

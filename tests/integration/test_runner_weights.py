@@ -1,6 +1,8 @@
 """A real runner serving a bfloat16 model on the CPU: by default it widens the weights to
 float32 (runner/weights.py) and says so in /v1/status, and its greedy tokens are mlx-lm's for
-the widened model; with `float32_weights` off it serves the bfloat16 weights as stored.
+the widened model, and its KV pool holds as many tokens as the bfloat16 budget it was given
+(so twice the bytes: its keys and values are float32 too); with `float32_weights` off it
+serves the bfloat16 weights as stored.
 (bfloat16 arithmetic rounds differently over different shapes, so the stored model's tokens
 are not compared with mlx-lm's: the runner's last-position head and mlx-lm's whole-prompt
 logits already part at the first token on this random model.)"""
@@ -21,6 +23,7 @@ from mlxr.supervisor.store.random_model import write_random_model
 from tests.harness.runner_process import running
 from tests.integration.test_runner import complete, greedy
 
+BUDGET = 4 << 20  # the KV bytes the supervisor would budget from config.json's bfloat16
 PROMPTS = [[11, 12, 13, 14, 15], [300, 301, 302, 303, 304, 305, 306, 307, 308]]
 N = 12
 
@@ -53,15 +56,22 @@ def served_tokens(url: str) -> list[list[int]]:
 
 def test_by_default_a_bfloat16_model_is_widened_and_generates_mlx_lms_tokens_for_it(
         bf16_model, subprocess_env):
-    with running(bf16_model, subprocess_env, num_parallel=4) as url:
-        assert httpx.get(url + "/v1/status").json()["weights"] == "float32 from bfloat16"
+    with running(bf16_model, subprocess_env, num_parallel=4, kv_cache_bytes=BUDGET) as url:
+        status = httpx.get(url + "/v1/status").json()
+        assert status["weights"] == "float32 from bfloat16"
+        pool = status["kv_blocks_total"] * status["kv_block_bytes"]
+        assert 2 * BUDGET - status["kv_block_bytes"] < pool <= 2 * BUDGET
         assert served_tokens(url) == mlx_lm_tokens(bf16_model, widened=True)
 
 
 def test_with_the_setting_off_the_stored_bfloat16_weights_are_served(bf16_model,
                                                                       subprocess_env):
-    with running(bf16_model, subprocess_env, num_parallel=4, float32_weights="off") as url:
-        assert httpx.get(url + "/v1/status").json()["weights"] == "bfloat16"
+    with running(bf16_model, subprocess_env, num_parallel=4, float32_weights="off",
+                 kv_cache_bytes=BUDGET) as url:
+        status = httpx.get(url + "/v1/status").json()
+        assert status["weights"] == "bfloat16"
+        pool = status["kv_blocks_total"] * status["kv_block_bytes"]
+        assert BUDGET - status["kv_block_bytes"] < pool <= BUDGET
         served = served_tokens(url)
         assert [len(t) for t in served] == [N] * len(PROMPTS)
         assert served != mlx_lm_tokens(bf16_model, widened=True)

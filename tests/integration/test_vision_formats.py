@@ -1,7 +1,9 @@
 """A vision model as Hugging Face publishes it (`mlxr create --from DIR` of a transformers
 checkpoint: `model.*` and `visual.*` names, PyTorch's channels-first patch embedding) serves
-the same tokens as the same weights in mlx-vlm's converted layout; and Qwen2-VL (its tower run
-in one stage) gives mlx-vlm's own greedy tokens, alone and beside text streams."""
+the same tokens as the same weights in mlx-vlm's converted layout; Qwen2-VL (its tower run
+in one stage) gives mlx-vlm's own greedy tokens, alone and beside text streams; and a bfloat16
+Qwen2-VL, widened to float32 on the CPU (runner/weights.py, text model and image tower), gives
+mlx-vlm's tokens for the same widened weights."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -38,12 +41,21 @@ def hf_layout(src: Path, dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, subprocess_env, model_factory):
+def bf16_dir(tmp_path_factory) -> Path:
+    from mlxr.supervisor.store.random_model import write_random_model
+
+    return write_random_model(tmp_path_factory.mktemp("bf16") / "qwen2-vl", preset="qwen2-vl",
+                              dtype="bfloat16")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, subprocess_env, model_factory, bf16_dir):
     mlx_dir = model_factory("qwen2.5-vl")
     hf_dir = hf_layout(mlx_dir, tmp_path_factory.mktemp("hf") / "qwen2.5-vl")
     yield from serving(tmp_path_factory.mktemp("vision-formats"), subprocess_env,
-                       {"mlx": mlx_dir, "hf": hf_dir, "q2": model_factory("qwen2-vl")},
-                       MLXR_KEEP_ALIVE="10m", MLXR_MAX_LOADED_MODELS="3")
+                       {"mlx": mlx_dir, "hf": hf_dir, "q2": model_factory("qwen2-vl"),
+                        "q2bf": bf16_dir},
+                       MLXR_KEEP_ALIVE="10m", MLXR_MAX_LOADED_MODELS="4")
 
 
 def test_hugging_face_layout_serves_the_same_tokens(server):
@@ -57,19 +69,38 @@ def test_hugging_face_layout_serves_the_same_tokens(server):
     assert replies["hf"] == replies["mlx"] and replies["mlx"]
 
 
-def test_qwen2_vl_matches_mlx_vlm_alone_and_beside_text_streams(server, model_factory):
-    from concurrent.futures import ThreadPoolExecutor
-
+def mlx_vlm_reply(model_dir, widened: bool = False) -> str:
     from mlx_vlm import load
     from mlx_vlm.generate import stream_generate
 
-    model, processor = load(model_factory("qwen2-vl"))
+    from mlxr.runner.weights import widen
+
+    model, processor = load(model_dir)
+    if widened:
+        widen(model)
     prompt = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
               "<|vision_start|><|image_pad|><|vision_end|>What is this?<|im_end|>\n"
               "<|im_start|>assistant\n")
     steps = list(stream_generate(model, processor, prompt, image=[noise(33)], max_tokens=10,
                                  temperature=0.0))
-    want = processor.tokenizer.decode([s.token for s in steps][:10])
+    return processor.tokenizer.decode([s.token for s in steps][:10])
+
+
+def test_a_bfloat16_vision_model_is_widened_whole_on_the_cpu(server, bf16_dir):
+    client = server.client()
+    reply = client.chat(model="q2bf", options={"temperature": 0, "num_predict": 10},
+                        messages=[{"role": "user", "content": "What is this?",
+                                   "images": [encoded(noise(33))]}]).message.content
+    held = {m["name"]: m.get("weights") for m in
+            httpx.get(server.url + "/api/ps").json()["models"]}
+    assert held["q2bf:latest"] == "float32 from bfloat16"
+    assert reply == mlx_vlm_reply(bf16_dir, widened=True)
+
+
+def test_qwen2_vl_matches_mlx_vlm_alone_and_beside_text_streams(server, model_factory):
+    from concurrent.futures import ThreadPoolExecutor
+
+    want = mlx_vlm_reply(model_factory("qwen2-vl"))
     client = server.client()
     options = {"temperature": 0, "num_predict": 10}
 
