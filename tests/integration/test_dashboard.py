@@ -226,7 +226,8 @@ def test_a_running_model_shows_live_figures_and_unloads(page, server):
     page.wait_for_function("() => document.querySelector(\"[data-runner='tiny:latest'] "
                            "[data-field=sequences]\").textContent === '0 / 0'", timeout=5_000)
     fields = {f: card.locator(f"[data-field={f}]").text_content()
-              for f in ("memory", "context", "sequences", "prefix", "expires", "kv")}
+              for f in ("memory", "context", "sequences", "prefix", "expires", "kv", "weights")}
+    assert fields["weights"] == "float32"  # the test model is stored as float32
     assert fields["memory"].endswith("MB") and fields["context"].endswith("tokens")
     assert fields["sequences"] == "0 / 0" and fields["expires"].startswith("in ")
     assert fields["prefix"].endswith("%") and "blocks" in fields["kv"]

@@ -366,7 +366,8 @@ function runnerCard(name) {
       h("button", { class: "small danger", "data-testid": "unload", onclick: () => unload(name, card) }, "Unload")),
     h("div", { class: "fields" },
       field("memory", "memory"), field("context", "context"), field("sequences", "active / waiting"),
-      field("prefix", "prefix-cache hits"), field("expires", "unloads"), field("rate", "tok/s now")),
+      field("prefix", "prefix-cache hits"), field("expires", "unloads"), field("rate", "tok/s now"),
+      field("weights", "weights")),
     h("div", { class: "kv" }, h("span", { class: "label", text: "KV pool" }),
       h("div", { class: "meter" }, h("div", { class: "used" }), h("div", { class: "cached" })),
       h("span", { class: "value", "data-field": "kv" })),
@@ -385,6 +386,7 @@ function updateCard(card, m) {
   set("prefix", kv.prefix_hit_rate !== undefined ? `${(100 * kv.prefix_hit_rate).toFixed(1)}%` : "n/a");
   set("expires", until(m.expires_at));
   set("rate", rates.length ? rates[rates.length - 1].toFixed(1) : "0.0");
+  set("weights", m.weights || "as stored");
   const total = kv.blocks_total || 0;
   const used = kv.blocks_used || 0, cached = kv.blocks_cached || 0;
   card.querySelector(".meter .used").style.width = total ? `${(100 * (used - cached)) / total}%` : "0";
