@@ -106,13 +106,13 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     elif vision_family(model_config):
         # mlx-lm serves the language part; the image tower comes from mlx-vlm beside it.
         model = getattr(model, "language_model", model)
-    # Ranks must agree on their weights' dtype, and "auto" reads each host's free memory.
-    mode = config.float32_weights if group is None or config.float32_weights != "auto" else "off"
     # Widened weights make float32 keys and values: the same number of tokens then needs
     # kv_scale times the bytes the supervisor budgeted from config.json's dtype.
     kv_scale = 4 / _kv_figures(model)[1]
-    weights = float32_on_cpu(model, mode, int(config.kv_cache_bytes * kv_scale),
-                             int(psutil.virtual_memory().available))
+    weights = float32_on_cpu(model, config.float32_weights,
+                             int(config.kv_cache_bytes * kv_scale),
+                             int(psutil.virtual_memory().available),
+                             agree=None if group is None else _all_ranks(group))
     if not weights.startswith("float32 from"):
         kv_scale = 1.0
     if vision_family(model_config):
@@ -167,6 +167,18 @@ def make_scheduler(config: RunnerConfig, loaded: LoadedModel,
                         step_token_budget=config.step_token_budget),
         pool, admit=admit,
         eos_token_ids=set(loaded.tokenizer.eos_token_ids), stop_matched=stop_matched)
+
+
+def _all_ranks(group) -> Callable[[bool], bool]:
+    """True on every rank when every rank says True (a collective: each rank loads through
+    the same code, so each one calls it once, at the same point)."""
+    import mlx.core as mx
+
+    def agree(ok: bool) -> bool:
+        total = mx.distributed.all_sum(mx.array(int(ok)), group=group)
+        return int(total.item()) == group.size()
+
+    return agree
 
 
 def _kv_figures(model) -> tuple[int, int]:

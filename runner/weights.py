@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 log = logging.getLogger("mlxr.runner")
 
@@ -105,14 +106,19 @@ def widen(model) -> None:
     mx.eval(model.parameters())
 
 
-def float32_on_cpu(model, mode: str, kv_budget: int, available: int) -> str:
+def float32_on_cpu(model, mode: str, kv_budget: int, available: int,
+                   agree: Callable[[bool], bool] | None = None) -> str:
     """Apply the setting to a loaded model; returns what its weights are now, for the status
-    ("float32 from bfloat16", or what they were stored as)."""
+    ("float32 from bfloat16", or what they were stored as). `agree`, for the ranks of a
+    distributed runner: this rank's decision in, the group's out (every rank must hold the
+    same dtype, and each one decided on its own host's free memory)."""
     import mlx.core as mx
 
     fp = footprint(model)
     on_cpu = mx.default_device().type == mx.DeviceType.cpu
     wide, why = decide(mode, on_cpu, fp, available, kv_budget)
+    if agree is not None and agree(wide) != wide:
+        wide, why = False, "another rank keeps the stored weights"
     if not wide:
         log.info("weights: %s as stored (%s)", fp.stored_as, why)
         return fp.stored_as

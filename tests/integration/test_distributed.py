@@ -55,17 +55,21 @@ def small_model(model_factory):
 
 
 @pytest.fixture(scope="module")
-def models(model_factory):
+def models(model_factory, tmp_path_factory):
     # small: 4 heads, 2 KV heads (tensor over 2); qwen2: pipeline in mlx-lm; tiny-kv4: 4 KV
-    # heads (tensor over 4)
+    # heads (tensor over 4); small in bfloat16, which every rank widens to float32 on the CPU
+    from mlxr.supervisor.store.random_model import write_random_model
+
+    bf16 = write_random_model(tmp_path_factory.mktemp("bf16") / "small", preset="small",
+                              dtype="bfloat16")
     return {"m": model_factory("small"), "q2": model_factory("qwen2"),
-            "t4": model_factory("tiny-kv4")}
+            "t4": model_factory("tiny-kv4"), "bf": bf16}
 
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, subprocess_env, models):
     yield from serving(tmp_path_factory.mktemp("single"), subprocess_env, models,
-                       MLXR_MAX_LOADED_MODELS="3")
+                       MLXR_MAX_LOADED_MODELS="4")
 
 
 def group_server(tmp_path_factory, subprocess_env, models, ranks: int | list[dict], **env):
@@ -80,7 +84,14 @@ def group_server(tmp_path_factory, subprocess_env, models, ranks: int | list[dic
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory, subprocess_env, models, model_factory):
     yield from group_server(tmp_path_factory, subprocess_env,
-                            {"m": models["m"], "tiny": model_factory("tiny")}, 2)
+                            {"m": models["m"], "tiny": model_factory("tiny"),
+                             "bf": models["bf"]}, 2)
+
+
+def weights(server, model: str) -> str:
+    with server.http() as http:
+        return {m["name"]: m.get("weights")
+                for m in http.get("/api/ps").json()["models"]}[f"{model}:latest"]
 
 
 def test_two_ranks_give_the_single_runners_tokens(single, sharded):
@@ -100,6 +111,16 @@ def test_two_ranks_give_the_single_runners_tokens(single, sharded):
     time.sleep(1.5)
     assert sum(follower.cpu_times()[:2]) - before < 0.3
     assert answers(sharded) == want  # and wakes for the next request
+
+
+def test_ranks_widen_a_bfloat16_model_together_and_give_the_single_runners_tokens(
+        single, sharded):
+    want = answers(single, "bf")
+    assert weights(single, "bf") == "float32 from bfloat16"
+    assert answers(sharded, "bf") == want
+    assert weights(sharded, "bf") == "float32 from bfloat16"
+    with sharded.http() as http:  # back to one group for the tests after this one
+        http.post("/api/generate", json={"model": "bf", "keep_alive": 0})
 
 
 def test_pipeline_over_two_ranks_gives_the_single_runners_tokens(

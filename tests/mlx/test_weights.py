@@ -93,3 +93,13 @@ def test_the_setting_decides_and_says_what_the_weights_are(models):
     assert float32_on_cpu(model, "auto", 0, 1 << 40) == "float32 from bfloat16"
     assert dtypes(model) == {mx.float32}
     assert float32_on_cpu(model, "auto", 0, 1 << 40) == "float32"
+
+
+def test_ranks_that_do_not_all_agree_keep_the_stored_weights(models):
+    model, _ = load(str(models["bf16"]))
+    asked = []
+    assert float32_on_cpu(model, "auto", 0, 1 << 40,
+                          agree=lambda ok: asked.append(ok) or False) == "bfloat16"
+    assert asked == [True] and dtypes(model) == {mx.bfloat16}
+    assert float32_on_cpu(model, "auto", 0, 1 << 40, agree=lambda ok: ok) == \
+        "float32 from bfloat16"
