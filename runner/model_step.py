@@ -23,6 +23,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxr.runner import host_swiglu
 from mlxr.runner.architectures import logit_transform
 from mlxr.runner.host_head import MAX_ROWS as HOST_HEAD_MAX_ROWS, HostHead
 from mlxr.runner.kv import rows as kv_rows
@@ -89,7 +90,8 @@ class ModelStep:
         padded batch, for comparisons). `vision`: a vision model's image side
         (runner/vision/model.py), which gives image prompts their embeddings and positions.
         `host_attention`: the rows may attend with numpy's softmax on a CPU
-        (runner/kv/host_attention.py)."""
+        (runner/kv/host_attention.py), and prefill chunks take numpy's SwiGLU
+        (runner/host_swiglu.py)."""
         self.model = model
         self.vision = vision
         self.split = split_model(model)
@@ -101,6 +103,8 @@ class ModelStep:
         self._detok_top = detok_top  # token id -> text, for top_logprobs
         self._prefix_cache_bytes = prefix_cache_bytes
         self._host_attention = host_attention
+        if host_attention:
+            host_swiglu.install(model)
         self.num_layers = len(make_prompt_cache(model))
         self.uses_rows = rows and kv_rows.probe(model, self.num_layers)
         self.kv = None
@@ -159,6 +163,21 @@ class ModelStep:
                 self._run_ahead(out)
         elif self._ahead is not None:
             self._drop_ahead()
+        with host_swiglu.active(self._host_attention):
+            self._prefill(plan, outputs)
+        chunk_seqs = [c.seq for c in plan.prefills]
+        mx.eval(self.kv.arrays(chunk_seqs) + [o.tokens for _, o in outputs])
+        for seqs, out in outputs:
+            self._collect(seqs, out, result)
+        merged = [chunk.seq for chunk in plan.prefills if chunk.is_last]
+        for seq in merged:
+            self.kv.join(seq)
+        if merged:  # in this step, so the next decode step is not held up by the copies
+            mx.eval(self.kv.arrays(merged))
+        return result
+
+    def _prefill(self, plan: StepPlan, outputs: list) -> None:
+        """Build (and, where it attends in numpy, compute) the plan's prefill chunks."""
         for chunk in plan.prefills:
             seq = chunk.seq
             caches = self.kv.prefill_cache(seq)
@@ -179,16 +198,6 @@ class ModelStep:
                 else:
                     self.model(inputs, cache=caches, **extra)
             self.kv.advance([seq], chunk.end - chunk.start)
-        chunk_seqs = [c.seq for c in plan.prefills]
-        mx.eval(self.kv.arrays(chunk_seqs) + [o.tokens for _, o in outputs])
-        for seqs, out in outputs:
-            self._collect(seqs, out, result)
-        merged = [chunk.seq for chunk in plan.prefills if chunk.is_last]
-        for seq in merged:
-            self.kv.join(seq)
-        if merged:  # in this step, so the next decode step is not held up by the copies
-            mx.eval(self.kv.arrays(merged))
-        return result
 
     def follow(self, release: list, decode_tokens: list[int], prefills: list) -> None:
         """A follower rank's part of a step that rank 0 runs with `run`: the same forward
@@ -202,7 +211,8 @@ class ModelStep:
             self.kv.advance(self.rows, 1)
         for seq, start, end, is_last, tokens in prefills:
             caches = self.kv.prefill_cache(seq)
-            mx.eval(self.split.body(mx.array([tokens], dtype=mx.int32), cache=caches))
+            with host_swiglu.active(self._host_attention):
+                mx.eval(self.split.body(mx.array([tokens], dtype=mx.int32), cache=caches))
             self.kv.advance([seq], end - start)
         mx.eval(self.kv.arrays([seq for seq, *_ in prefills]))
         for seq, _, _, is_last, _ in prefills:
