@@ -113,11 +113,11 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
                              int(config.kv_cache_bytes * kv_scale),
                              int(psutil.virtual_memory().available),
                              agree=None if group is None else _all_ranks(group))
-    if not weights.startswith("float32 from"):
-        kv_scale = 1.0
+    widened = weights.startswith("float32 from")
+    kv_scale = kv_scale if widened else 1.0
     if vision_family(model_config):
         vision = load_vision(config.model_dir, model, config.host_attention)
-        if weights.startswith("float32 from"):
+        if widened:
             vision.widen()
     fix_model(model, model_config)
     on_progress(0.9)
