@@ -178,6 +178,9 @@ class ModelStep:
 
     def _prefill(self, plan: StepPlan, outputs: list) -> None:
         """Build (and, where it attends in numpy, compute) the plan's prefill chunks."""
+        if self._can_group(plan.prefills):
+            self._prefill_group(plan.prefills, outputs)
+            return
         for chunk in plan.prefills:
             seq = chunk.seq
             caches = self.kv.prefill_cache(seq)
@@ -198,6 +201,34 @@ class ModelStep:
                 else:
                     self.model(inputs, cache=caches, **extra)
             self.kv.advance([seq], chunk.end - chunk.start)
+
+    def _can_group(self, chunks: list) -> bool:
+        """Several text chunks on the rows, outside a distributed group (whose followers
+        replay chunk by chunk), with the model split into body and head."""
+        return (len(chunks) > 1 and self.uses_rows and not self.lockstep
+                and self.split.body is not None
+                and all(c.seq.vision is None for c in chunks))
+
+    def _prefill_group(self, chunks: list, outputs: list) -> None:
+        """Several sequences' prefill chunks in one forward pass through the body (one set of
+        matmuls over all their positions, each row attending over its own context), then
+        the head for the rows whose prompt this chunk ends. Measured: docs/PERFORMANCE.md
+        "Prefill chunks in one pass"."""
+        counts = [c.end - c.start for c in chunks]
+        width = max(counts)
+        tokens = [c.seq.all_tokens[c.start:c.end] + [0] * (width - n)
+                  for c, n in zip(chunks, counts)]
+        seqs = [c.seq for c in chunks]
+        hidden = self.split.body(mx.array(tokens, dtype=mx.int32),
+                                 cache=self.kv.prefill_group_cache(seqs, counts))
+        last = [i for i, c in enumerate(chunks) if c.is_last]
+        if last:
+            flat = hidden.reshape(len(chunks) * width, hidden.shape[-1])
+            rows = flat[mx.array([i * width + counts[i] - 1 for i in last])]
+            ended = [seqs[i] for i in last]
+            outputs.append((ended, self._sample(self._head(rows), ended)))
+        for seq, n in zip(seqs, counts):
+            self.kv.advance([seq], n)
 
     def follow(self, release: list, decode_tokens: list[int], prefills: list) -> None:
         """A follower rank's part of a step that rank 0 runs with `run`: the same forward
@@ -267,7 +298,10 @@ class ModelStep:
         image prompt's `input_embeddings`."""
         if self.split.body is None:
             return self.model(inputs, cache=cache, **extra)[:, -1, :]
-        hidden = self.split.body(inputs, cache=cache, **extra)[:, -1, :]
+        return self._head(self.split.body(inputs, cache=cache, **extra)[:, -1, :])
+
+    def _head(self, hidden: mx.array) -> mx.array:
+        """Logits (B, V) for hidden states (B, D)."""
         if self._host_head_for(hidden.shape[0]):
             return self.split.logits(self.host_head(hidden))
         return self.split.logits(self.device_head(hidden))

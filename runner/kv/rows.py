@@ -204,14 +204,18 @@ class _Forward:
 
 class RowsLayer:
     """One layer's cache for one forward pass over `rows`, each adding `num_new` positions
-    (a prefill chunk: one row; a decode step: every running row, one position each)."""
+    (a prefill chunk: one row; a decode step: every running row, one position each), or,
+    with `counts`, several rows' prefill chunks in one pass: row i adds counts[i] positions,
+    its input padded on the right to the longest chunk (the padding is neither written nor
+    attended)."""
 
     def __init__(self, store: RunStore, layer: int, rows: list[Row], forward: _Forward,
-                 offset):
+                 offset, counts: list[int] | None = None):
         self.store = store
         self.layer = layer
         self.rows = rows
         self.offset = offset  # where each row's new positions start (RoPE reads it)
+        self.counts = counts
         self._num_new = 0
         self._forward = forward
 
@@ -234,7 +238,11 @@ class RowsLayer:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         self._num_new = keys.shape[2]
-        if len(self.rows) == 1:
+        if self.counts is not None:
+            for i, (row, n) in enumerate(zip(self.rows, self.counts)):
+                self.store.write(row.run, self.layer, row.length, keys[i:i + 1, :, :n],
+                                 values[i:i + 1, :, :n])
+        elif len(self.rows) == 1:
             row = self.rows[0]
             self.store.write(row.run, self.layer, row.length, keys, values)
         else:
@@ -245,6 +253,14 @@ class RowsLayer:
 
     def attend(self, queries: mx.array, scale: float) -> mx.array:
         n = self._num_new
+        if self.counts is not None:
+            outs = []
+            for i, (row, count) in enumerate(zip(self.rows, self.counts)):
+                out = self._attend_one(queries[i:i + 1, :, :count], row, count, scale)
+                if count < n:
+                    out = mx.pad(out, [(0, 0), (0, 0), (0, n - count), (0, 0)])
+                outs.append(out)
+            return mx.concatenate(outs, axis=0)
         if len(self.rows) == 1:
             return self._attend_one(queries, self.rows[0], n, scale)
         if self._forward.plan is None:
@@ -287,12 +303,13 @@ class RowsLayer:
         return True
 
 
-def make_layers(store: RunStore, rows: list[Row],
-                forward: _Forward | None = None) -> list[RowsLayer]:
+def make_layers(store: RunStore, rows: list[Row], forward: _Forward | None = None,
+                counts: list[int] | None = None) -> list[RowsLayer]:
     forward = _Forward() if forward is None else forward
     offset = rows[0].length if len(rows) == 1 else \
         mx.array([r.length for r in rows], dtype=mx.int32)
-    return [RowsLayer(store, layer, rows, forward, offset) for layer in range(store.num_layers)]
+    return [RowsLayer(store, layer, rows, forward, offset, counts)
+            for layer in range(store.num_layers)]
 
 
 # -- routing mlx-lm's attention ---------------------------------------------------------
@@ -344,6 +361,11 @@ class RowBatch:
 
     def prefill_cache(self, seq) -> list[RowsLayer]:
         return make_layers(self.store, [self._rows[seq.seq_id]])
+
+    def prefill_group_cache(self, seqs, counts: list[int]) -> list[RowsLayer]:
+        """One forward pass's cache for several sequences' prefill chunks (`counts`
+        positions each, the input padded on the right to the longest)."""
+        return make_layers(self.store, [self._rows[s.seq_id] for s in seqs], counts=counts)
 
     def decode_cache(self) -> list[RowsLayer]:
         self._decode = _Forward()

@@ -1,0 +1,85 @@
+"""Several sequences' prefill chunks in one forward pass over the rows (`RowBatch.
+prefill_group_cache`, used by the model step for a step's chunks): chunks of different
+lengths, padded on the right, write only their own positions and give each sequence
+mlx-lm's greedy tokens, alone, from a shared prefix, and over several chunks."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.utils import load
+
+from mlxr.runner.kv import rows
+from mlxr.runner.kv.pool import KVPool
+from mlxr.supervisor.store.random_model import write_random_model
+from tests.mlx.test_host_attention import _Seq, mlx_lm_greedy
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    model, _ = load(str(write_random_model(tmp_path_factory.mktemp("m"), preset="tiny")))
+    rows.install(model)
+    return model
+
+
+def grouped_greedy(model, prompts: list[list[int]], chunk: int, steps: int,
+                   waves: list[list[int]] | None = None) -> tuple[list[list[int]], list]:
+    """The prompts admitted wave by wave (all at once by default), each wave prefilled
+    together, `chunk` tokens of each per pass (so the passes mix rows that end their prompt
+    with rows that go on, and rows that have nothing left drop out), then all decoded
+    together greedily. Returns the tokens and whether each row read shared blocks."""
+    pool = KVPool(num_blocks=4096, block_size=16)
+    batch = rows.RowBatch(len(model.layers), pool)
+    seqs = [_Seq(i) for i in range(len(prompts))]
+    done: dict[int, int] = {}
+    first: dict[int, int] = {}
+    for wave in waves or [list(range(len(prompts)))]:
+        for seq in (seqs[i] for i in wave):
+            tokens = prompts[seq.seq_id]
+            done[seq.seq_id] = batch.admit(seq, pool.admit(seq.seq_id, tokens,
+                                                           len(tokens) + steps))
+        while any(seqs[i].seq_id not in first for i in wave):
+            group = [seqs[i] for i in wave if done[i] < len(prompts[i])]
+            parts = [prompts[s.seq_id][done[s.seq_id]:done[s.seq_id] + chunk] for s in group]
+            counts = [len(p) for p in parts]
+            width = max(counts)
+            hidden = model.model(mx.array([p + [0] * (width - len(p)) for p in parts]),
+                                 cache=batch.prefill_group_cache(group, counts))
+            for i, (seq, n) in enumerate(zip(group, counts)):
+                batch.advance([seq], n)
+                done[seq.seq_id] += n
+                pool.commit(seq.seq_id, prompts[seq.seq_id], done[seq.seq_id])
+                if done[seq.seq_id] == len(prompts[seq.seq_id]):
+                    logits = model.lm_head(hidden[i:i + 1, n - 1])  # the body ends normed
+                    first[seq.seq_id] = int(mx.argmax(logits, axis=-1).item())
+    shared = [bool(batch._rows[s.seq_id].shared) for s in seqs]
+    for seq in seqs:
+        batch.join(seq)
+    out = [[first[s.seq_id]] for s in seqs]
+    last = mx.array([first[s.seq_id] for s in seqs])
+    for _ in range(steps - 1):
+        logits = model(last[:, None], cache=batch.decode_cache())
+        batch.advance(seqs, 1)
+        last = mx.argmax(logits[:, -1, :], axis=-1)
+        for i, t in enumerate(last.tolist()):
+            out[i].append(t)
+    return out, shared
+
+
+def test_chunks_of_different_lengths_in_one_pass_give_mlx_lms_greedy_tokens(model):
+    prompts = [[(7 * i + 3 * k) % 500 + 2 for i in range(length)]
+               for k, length in enumerate((5, 130, 47, 1, 300))]
+    got, _ = grouped_greedy(model, prompts, chunk=64, steps=6)
+    assert got == [mlx_lm_greedy(model, p, 6) for p in prompts]
+    assert len(set(map(tuple, got))) > 1
+
+
+def test_rows_from_a_shared_prefix_in_one_pass_give_mlx_lms_greedy_tokens(model):
+    prefix = [(5 * i + 1) % 400 + 2 for i in range(48)]  # three full blocks
+    first = prefix + [9, 8, 7]
+    others = [prefix + [(3 * i + k) % 90 + 2 for i in range(10 + 20 * k)] for k in range(3)]
+    # the first prompt is read before the others arrive: they start from its blocks
+    got, shared = grouped_greedy(model, [first] + others, chunk=32, steps=5,
+                                 waves=[[0], [1, 2, 3]])
+    assert shared == [False, True, True, True]
+    assert got == [mlx_lm_greedy(model, p, 5) for p in [first] + others]
