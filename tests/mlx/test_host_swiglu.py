@@ -5,22 +5,11 @@ tokens still mlx-lm's when a model's prefill chunks take it."""
 from __future__ import annotations
 
 import mlx.core as mx
-import pytest
 from mlx_lm.models import activations
-from mlx_lm.utils import load
 
 from mlxr.runner import host_swiglu
-from mlxr.runner.kv import rows
-from mlxr.supervisor.store.random_model import write_random_model
 from tests.mlx.test_host_attention import mlx_lm_greedy, rows_greedy
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    model, _ = load(str(write_random_model(tmp_path_factory.mktemp("m"), preset="tiny")))
-    rows.install(model)
-    assert host_swiglu.install(model) >= 1
-    return model
+from tests.mlx.test_host_attention import model  # noqa: F401  (the fixture: tiny, on the rows)
 
 
 def test_it_gives_mlx_lms_swiglu():
@@ -50,6 +39,7 @@ def test_only_inside_active_and_only_for_float32_prefill_sized_gates():
 
 
 def test_prefill_chunks_take_it_and_the_greedy_tokens_are_mlx_lms(model, monkeypatch):
+    assert host_swiglu.install(model) >= 1  # as the model step does
     taken = []
     original = host_swiglu.swiglu
     monkeypatch.setattr(host_swiglu, "worth_it",

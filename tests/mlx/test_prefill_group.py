@@ -6,20 +6,11 @@ mlx-lm's greedy tokens, alone, from a shared prefix, and over several chunks."""
 from __future__ import annotations
 
 import mlx.core as mx
-import pytest
-from mlx_lm.utils import load
 
 from mlxr.runner.kv import rows
 from mlxr.runner.kv.pool import KVPool
-from mlxr.supervisor.store.random_model import write_random_model
 from tests.mlx.test_host_attention import _Seq, mlx_lm_greedy
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    model, _ = load(str(write_random_model(tmp_path_factory.mktemp("m"), preset="tiny")))
-    rows.install(model)
-    return model
+from tests.mlx.test_host_attention import model  # noqa: F401  (the fixture: tiny, on the rows)
 
 
 def grouped_greedy(model, prompts: list[list[int]], chunk: int, steps: int,
