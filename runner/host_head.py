@@ -106,7 +106,11 @@ class HostHead:
 
     def __call__(self, hidden: mx.array) -> mx.array:
         """Logits (B, vocab) for evaluated-or-lazy hidden states (B, hidden)."""
-        rows = np.ascontiguousarray(np.asarray(hidden.astype(mx.float32)))
+        return self.project(np.asarray(hidden.astype(mx.float32)))
+
+    def project(self, hidden: np.ndarray) -> mx.array:
+        """Logits (B, vocab) for float32 hidden states (B, hidden) on the host."""
+        rows = np.ascontiguousarray(hidden, dtype=np.float32)
         out = np.empty((rows.shape[0], self.vocab), dtype=np.float32)
         matrix = self._matrix.ctypes.data
         for i in range(rows.shape[0]):

@@ -132,6 +132,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
              else "padded batch (this architecture does not fit the rows)")
     log.info("decode head: %s", "BLAS matrix-vector products for 1-2 rows"
              if step.host_head is not None else "MLX")
+    log.info("decode body: %s", "numpy for 1-2 rows" if step.host_body is not None else "MLX")
     bytes_per_token = _kv_figures(model)[0]
     vocab_size = int(model_config.get("vocab_size") or len(tokenizer._tokenizer))
     if group is not None and step.split.body is None:

@@ -25,6 +25,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxr.runner import host_swiglu
 from mlxr.runner.architectures import logit_transform
+from mlxr.runner.host_body import MAX_ROWS as HOST_BODY_MAX_ROWS, HostBody
 from mlxr.runner.host_head import MAX_ROWS as HOST_HEAD_MAX_ROWS, HostHead
 from mlxr.runner.kv import rows as kv_rows
 from mlxr.runner.kv.padded import PaddedBatch
@@ -90,8 +91,9 @@ class ModelStep:
         padded batch, for comparisons). `vision`: a vision model's image side
         (runner/vision/model.py), which gives image prompts their embeddings and positions.
         `host_attention`: the rows may attend with numpy's softmax on a CPU
-        (runner/kv/host_attention.py), and prefill chunks take numpy's SwiGLU
-        (runner/host_swiglu.py)."""
+        (runner/kv/host_attention.py), prefill chunks take numpy's SwiGLU
+        (runner/host_swiglu.py), and decode steps of one or two rows run their body in numpy
+        (runner/host_body.py)."""
         self.model = model
         self.vision = vision
         self.split = split_model(model)
@@ -107,6 +109,9 @@ class ModelStep:
             host_swiglu.install(model)
         self.num_layers = len(make_prompt_cache(model))
         self.uses_rows = rows and kv_rows.probe(model, self.num_layers)
+        self.host_body = HostBody.find(model) if (
+            host_attention and self.uses_rows and vision is None
+            and self.split.body is not None) else None
         self.kv = None
         self._ahead: _Ahead | None = None
         # One of a distributed runner's ranks (runner/distributed/lockstep.py): each forward
@@ -261,9 +266,11 @@ class ModelStep:
                 return ahead.out if pick == list(range(len(ahead.rows))) else \
                     _select(ahead.out, pick)
             self._drop_ahead()
-        inputs = mx.array([[s.output_tokens[-1]] for s in self.rows], dtype=mx.int32)
-        with self._decode_rope():
-            logits = self._logits(inputs, self.kv.decode_cache())
+        logits = self._host_logits()
+        if logits is None:
+            inputs = mx.array([[s.output_tokens[-1]] for s in self.rows], dtype=mx.int32)
+            with self._decode_rope():
+                logits = self._logits(inputs, self.kv.decode_cache())
         if self.lockstep:
             mx.eval(logits)
         self.kv.advance(self.rows, 1)
@@ -285,6 +292,19 @@ class ModelStep:
         mx.async_eval([a for a in (nxt.tokens, nxt.logprobs, nxt.top_ids, nxt.top_logprobs)
                        if a is not None])
         self._ahead = _Ahead(list(self.rows), nxt)
+
+    def _host_logits(self) -> mx.array | None:
+        """This decode step's logits with the body in numpy, where it applies (a few rows,
+        not a distributed rank, the rows' arrays have room); else None."""
+        if self.host_body is None or self.lockstep or len(self.rows) > HOST_BODY_MAX_ROWS:
+            return None
+        host_rows = self.kv.host_rows(self.rows, [s.output_tokens[-1] for s in self.rows])
+        if host_rows is None:
+            return None
+        hidden = self.host_body(host_rows)
+        if self._host_head_for(len(self.rows)):
+            return self.split.logits(self.host_head.project(hidden))
+        return self.split.logits(self.device_head(mx.array(hidden)))
 
     def _host_head_for(self, rows: int) -> bool:
         return self.host_head is not None and rows <= HOST_HEAD_MAX_ROWS

@@ -10,6 +10,7 @@ Invariants:
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 
 import numpy as np
@@ -59,7 +60,7 @@ class StepTimer:
         its own)."""
         if num_decode and not num_prefill:
             self._decodes.append(elapsed_s)
-            self.decode_s = float(np.median(self._decodes))
+            self.decode_s = statistics.median(self._decodes)  # numpy's costs ~0.5 ms a step
         elif num_prefill:
             decode_part = (self.decode_s or 0.0) if num_decode else 0.0
             extra = max(elapsed_s - decode_part, 0.0)

@@ -29,7 +29,9 @@ import sys
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
+from mlxr.runner.host_body import HostRow
 from mlxr.runner.kv import host_attention
 from mlxr.runner.kv.pool import Run, Segment
 
@@ -370,6 +372,34 @@ class RowBatch:
     def decode_cache(self) -> list[RowsLayer]:
         self._decode = _Forward()
         return make_layers(self.store, [self._rows[s.seq_id] for s in self.rows], self._decode)
+
+    def host_rows(self, seqs, tokens: list[int]) -> list[HostRow] | None:
+        """numpy views of each sequence's context for one decode position (`tokens`: their
+        inputs), for runner/host_body.py to write and attend in place; None when a row's
+        arrays have no room for the position yet (the MLX pass grows them). The arrays were
+        evaluated at the end of the last step, and nothing else writes a row's new position."""
+        store, out = self.store, []
+        for seq, token in zip(seqs, tokens):
+            row = self._rows[seq.seq_id]
+            arrays = store.arrays.get(row.run.run_id)
+            at = row.length - row.run.start
+            if at < 0 or arrays is None or \
+                    any(k is None or k.shape[2] <= at for k in arrays.keys + arrays.values):
+                return None
+            keys, values = [], []
+            for layer in range(store.num_layers):
+                ks, vs = [], []
+                for seg in row.shared:
+                    src = store.arrays[seg.run.run_id]
+                    a, b = seg.start - seg.run.start, seg.end - seg.run.start
+                    ks.append(np.asarray(src.keys[layer])[0, :, a:b])
+                    vs.append(np.asarray(src.values[layer])[0, :, a:b])
+                ks.append(np.asarray(arrays.keys[layer])[0, :, :at + 1])
+                vs.append(np.asarray(arrays.values[layer])[0, :, :at + 1])
+                keys.append(ks)
+                values.append(vs)
+            out.append(HostRow(token, row.length, keys, values))
+        return out
 
     def advance(self, seqs, num: int) -> None:
         """The forward pass just built wrote `num` positions of each of `seqs`."""

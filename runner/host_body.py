@@ -1,0 +1,269 @@
+"""A decode step's body in numpy, for one or two rows of a float32 Llama-family model on a CPU.
+
+A decode step of one row is a few hundred operations on vectors of a few hundred floats. MLX's
+CPU dispatch costs tens of microseconds an operation (a 1 x 192 by 192 x 768 product: about
+150 us, as an sgemm; numpy's matrix-vector product: about 15 us), so the 30M model's body took
+about 5 ms a token where numpy takes about 1.7 ms (docs/PERFORMANCE.md, "The decode body in
+numpy"). The body's keys and values stay in the block pool's MLX arrays: the row's new position
+is written through a numpy view of them, and attention reads them in place.
+
+Used only when all of these hold, else `HostBody.find` returns None and nothing changes:
+- the default device is the CPU and every weight the body reads is a float32 array;
+- the model has the shape this code computes (`_Layer.of`): embeddings; layers of RMS norm,
+  attention with q/k/v/o projections (biases and per-head q/k RMS norms allowed) and one RoPE
+  that is the same in every layer, RMS norm, gated MLP; a final RMS norm;
+- on a probe, its hidden states match the model's own decode step (`matches`), which catches
+  what the shape does not say (another activation, a scaled embedding, a norm's offset).
+
+Invariants: the row's arrays are evaluated and large enough for the new position (the caller,
+runner/kv/rows.py `RowBatch.host_rows`, checks); nothing else writes that position.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+log = logging.getLogger("mlxr.runner")
+
+MAX_ROWS = 2  # as the host head: from three rows one batched MLX pass costs less
+_ROPE_BLOCK = 32  # positions whose rotation matrices one MLX call makes
+
+
+@dataclass(slots=True)
+class HostRow:
+    """One row's context in numpy, per layer: `keys[layer]` and `values[layer]` are pieces
+    (kv_heads, n, dim) in position order covering [0, position]; the last piece's last
+    position is where this step's keys and values are written."""
+
+    token: int
+    position: int
+    keys: list[list[np.ndarray]]
+    values: list[list[np.ndarray]]
+
+
+def _array(a) -> np.ndarray | None:
+    return np.asarray(a) if isinstance(a, mx.array) and a.dtype == mx.float32 else None
+
+
+def _linear(module) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """A plain float32 Linear's (weight, bias), else None."""
+    if type(module) is not nn.Linear:
+        return None
+    weight = _array(module.weight)
+    bias = _array(module["bias"]) if "bias" in module else None
+    if weight is None or ("bias" in module and bias is None):
+        return None
+    return weight, bias
+
+
+def _norm(module) -> tuple[np.ndarray, float] | None:
+    if type(module) is not nn.RMSNorm:
+        return None
+    weight = _array(module.weight)
+    return None if weight is None else (weight, float(module.eps))
+
+
+@dataclass(slots=True)
+class _Layer:
+    attn_norm: tuple
+    q: tuple
+    k: tuple
+    v: tuple
+    o: tuple
+    q_norm: tuple | None
+    k_norm: tuple | None
+    heads: int
+    kv_heads: int
+    scale: float
+    mlp_norm: tuple
+    gate: tuple
+    up: tuple
+    down: tuple
+
+    @classmethod
+    def of(cls, layer) -> "_Layer | None":
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is None or mlp is None:
+            return None
+        parts = dict(
+            attn_norm=_norm(getattr(layer, "input_layernorm", None)),
+            mlp_norm=_norm(getattr(layer, "post_attention_layernorm", None)),
+            **{name: _linear(getattr(attn, f"{name}_proj", None)) for name in "qkvo"},
+            **{name: _linear(getattr(mlp, f"{name}_proj", None))
+               for name in ("gate", "up", "down")})
+        if any(p is None for p in parts.values()):
+            return None
+        norms = {}
+        for name in ("q_norm", "k_norm"):
+            module = getattr(attn, name, None)
+            norms[name] = None if module is None else _norm(module)
+            if module is not None and norms[name] is None:
+                return None
+        heads, kv_heads = getattr(attn, "n_heads", None), getattr(attn, "n_kv_heads", None)
+        scale = getattr(attn, "scale", None)
+        if not (isinstance(heads, int) and isinstance(kv_heads, int) and scale):
+            return None
+        return cls(heads=heads, kv_heads=kv_heads, scale=float(scale), **parts, **norms)
+
+
+def _rms(x: np.ndarray, norm: tuple) -> np.ndarray:
+    weight, eps = norm
+    return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)) * weight
+
+
+def _project(x: np.ndarray, linear: tuple) -> np.ndarray:
+    weight, bias = linear
+    out = weight @ x
+    return out if bias is None else out + bias
+
+
+class _Rotations:
+    """RoPE as a matrix per position, made by the model's own rope module: any RoPE variant
+    rotates a head's vector linearly, so rotating the identity gives the matrix. Made
+    `_ROPE_BLOCK` positions per MLX call, the last few blocks kept."""
+
+    def __init__(self, rope, head_dim: int):
+        self.rope = rope
+        self.head_dim = head_dim
+        self._blocks: dict[int, np.ndarray] = {}
+
+    def make(self, start: int, count: int) -> np.ndarray:
+        """(count, dim, dim): position p's matrix M, with rope(x) = x @ M."""
+        d = self.head_dim
+        eye = mx.broadcast_to(mx.eye(d)[:, None, None, :], (d, 1, count, d))
+        rotated = self.rope(eye, offset=start)  # (d, 1, count, d): row j is e_j rotated
+        return np.array(rotated[:, 0].transpose(1, 0, 2))
+
+    def __call__(self, position: int) -> np.ndarray:
+        block = position // _ROPE_BLOCK
+        table = self._blocks.get(block)
+        if table is None:
+            if len(self._blocks) >= 8:
+                self._blocks.pop(next(iter(self._blocks)))
+            table = self._blocks[block] = self.make(block * _ROPE_BLOCK, _ROPE_BLOCK)
+        return table[position - block * _ROPE_BLOCK]
+
+
+class HostBody:
+    def __init__(self, embed: np.ndarray, layers: list[_Layer], norm: tuple,
+                 rotations: _Rotations, weights: list[mx.array]):
+        self._weights = weights  # keep the buffers the numpy views point into alive
+        self.embed = embed
+        self.layers = layers
+        self.norm = norm
+        self.rotations = rotations
+        self.head_dim = layers[0].q[0].shape[0] // layers[0].heads
+
+    @classmethod
+    def find(cls, model) -> "HostBody | None":
+        """A host body for `model`'s decode steps, or None where it does not apply."""
+        if mx.default_device() != mx.cpu:
+            return None
+        body = getattr(model, "model", None)
+        embed = getattr(body, "embed_tokens", None)
+        layers = getattr(body, "layers", None)
+        if type(embed) is not nn.Embedding or not layers:
+            return None
+        weights = [a for _, a in _leaves(model)]
+        mx.eval(weights)
+        table = _array(embed.weight)
+        parsed = [_Layer.of(layer) for layer in layers]
+        norm = _norm(getattr(body, "norm", None))
+        if table is None or norm is None or any(p is None for p in parsed):
+            return None
+        head_dim = parsed[0].q[0].shape[0] // parsed[0].heads
+        ropes = [getattr(layer.self_attn, "rope", None) for layer in layers]
+        if any(r is None for r in ropes):
+            return None
+        rotations = _Rotations(ropes[0], head_dim)
+        try:
+            for rope in ropes[1:]:  # one RoPE for all layers (else: not this code's shape)
+                other = _Rotations(rope, head_dim)
+                for at in (1, 4099):
+                    if not np.array_equal(other.make(at, 1), rotations.make(at, 1)):
+                        return None
+            host = cls(table, parsed, norm, rotations, weights)
+            return host if host.matches(model) else None
+        except Exception as exc:  # a rope or layer this code does not read
+            log.info("decode body in numpy does not apply (%s)", exc)
+            return None
+
+    def matches(self, model) -> bool:
+        """Do this body's hidden states for a decode step equal the model's own, on a short
+        prompt with mlx-lm's cache?"""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        prompt, token = [3, 1, 4, 1, 5, 9, 2], 6
+        cache = make_prompt_cache(model)
+        model.model(mx.array([prompt]), cache=cache)
+        expected = model.model(mx.array([[token]]), cache=cache)[0, -1]
+        mx.eval(expected)
+        n = len(prompt) + 1
+        keys = [[np.array(c.keys[0, :, :n])] for c in cache]
+        values = [[np.array(c.values[0, :, :n])] for c in cache]
+        for piece in keys + values:  # the slot this step writes
+            piece[0][:, -1] = np.nan
+        got = self([HostRow(token, len(prompt), keys, values)])[0]
+        if np.allclose(got, np.array(expected), rtol=1e-4, atol=1e-4):
+            return True
+        log.info("the numpy decode body does not match the model's; not using it")
+        return False
+
+    def __call__(self, rows: list[HostRow]) -> np.ndarray:
+        """Hidden states (rows, hidden) after the final norm, one decode position per row,
+        each row's keys and values written into its last pieces."""
+        return np.stack([self._row(row) for row in rows])
+
+    def _row(self, row: HostRow) -> np.ndarray:
+        d = self.head_dim
+        rotate = self.rotations(row.position)
+        h = self.embed[row.token].astype(np.float32)
+        for i, layer in enumerate(self.layers):
+            x = _rms(h, layer.attn_norm)
+            q = _project(x, layer.q).reshape(layer.heads, d)
+            k = _project(x, layer.k).reshape(layer.kv_heads, d)
+            v = _project(x, layer.v).reshape(layer.kv_heads, d)
+            if layer.q_norm is not None:
+                q = _rms(q, layer.q_norm)
+            if layer.k_norm is not None:
+                k = _rms(k, layer.k_norm)
+            q, k = q @ rotate, k @ rotate
+            keys, values = row.keys[i], row.values[i]
+            keys[-1][:, -1] = k
+            values[-1][:, -1] = v
+            attended = _attend(q * layer.scale, keys, values, layer.heads // layer.kv_heads)
+            h = h + _project(attended.reshape(-1), layer.o)
+            x = _rms(h, layer.mlp_norm)
+            gate = _project(x, layer.gate)
+            h = h + _project(gate / (1.0 + np.exp(-gate)) * _project(x, layer.up), layer.down)
+        return _rms(h, self.norm)
+
+
+def _attend(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
+            group: int) -> np.ndarray:
+    """One query position's attention: q (heads, dim), pre-scaled; keys and values pieces
+    (kv_heads, n, dim). Head h reads key head h // group."""
+    kv_heads, dim = keys[0].shape[0], q.shape[-1]
+    q = q.reshape(kv_heads, group, dim)
+    parts = [q @ k.transpose(0, 2, 1) for k in keys]  # (kv_heads, group, n)
+    scores = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    out, at = None, 0
+    for v in values:
+        part = scores[..., at:at + v.shape[1]] @ v
+        out = part if out is None else out + part
+        at += v.shape[1]
+    return out
+
+
+def _leaves(model):
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(model.parameters())

@@ -1,0 +1,134 @@
+"""A decode step's body in numpy (runner/host_body.py): which architectures take it, mlx-lm's
+greedy tokens for one and two rows (also rows reading a shared prefix), the keys and values it
+writes into the rows' arrays equal to MLX's, and no host body where it must not run."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx_lm.utils import load
+
+from mlxr.runner.architectures import fix_model
+from mlxr.runner.host_body import HostBody
+from mlxr.runner.kv import rows
+from mlxr.runner.kv.pool import KVPool
+from mlxr.runner.model_step import split_model
+from mlxr.supervisor.store.random_model import ARCH_NAMES, write_random_model
+from tests.mlx.test_host_attention import _Seq, mlx_lm_greedy
+
+TAKES_IT = {"llama", "mistral", "qwen2", "qwen3"}
+
+
+@pytest.fixture(scope="module")
+def arch_models(tmp_path_factory):
+    made = {}
+
+    def make(arch: str):
+        if arch not in made:
+            model, _, config = load(str(write_random_model(
+                tmp_path_factory.mktemp(arch), arch=arch)), return_config=True)
+            fix_model(model, config)
+            rows.install(model)
+            made[arch] = model
+        return made[arch]
+
+    return make
+
+
+def host_greedy(model, body: HostBody | None, prompts: list[list[int]], steps: int,
+                waves: list[list[int]] | None = None):
+    """Each prompt prefilled alone through the rows (MLX), then all decoded together greedily:
+    with `body` in numpy, else with MLX. Returns the tokens, whether each row read shared
+    blocks, and the batch."""
+    pool = KVPool(num_blocks=4096, block_size=16)
+    batch = rows.RowBatch(len(model.layers), pool)
+    seqs = [_Seq(i) for i in range(len(prompts))]
+    for seq, tokens in zip(seqs, prompts):
+        cached = batch.admit(seq, pool.admit(seq.seq_id, tokens, len(tokens) + steps + 1))
+        logits = model(mx.array([tokens[cached:]]), cache=batch.prefill_cache(seq))
+        batch.advance([seq], len(tokens) - cached)
+        pool.commit(seq.seq_id, tokens, len(tokens))
+        mx.eval(batch.arrays([seq]))
+        seq.last = int(mx.argmax(logits[0, -1]).item())
+        batch.join(seq)
+    out = [[s.last] for s in seqs]
+    head = split_model(model).head
+    for _ in range(steps - 1):
+        last = [s.last for s in seqs]
+        if body is None:
+            logits = model(mx.array([[t] for t in last]), cache=batch.decode_cache())[:, -1]
+        else:
+            host_rows = batch.host_rows(seqs, last)
+            assert host_rows is not None
+            logits = head(mx.array(body(host_rows)))
+        batch.advance(seqs, 1)
+        mx.eval(logits, batch.arrays(seqs))
+        for seq, t, o in zip(seqs, mx.argmax(logits, axis=-1).tolist(), out):
+            seq.last = t
+            o.append(t)
+    return out, [bool(batch._rows[s.seq_id].shared) for s in seqs], batch
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_the_architectures_it_fits_give_mlx_lms_greedy_tokens(arch, arch_models):
+    model = arch_models(arch)
+    body = HostBody.find(model)
+    assert (body is not None) == (arch in TAKES_IT)
+    if body is None:
+        return  # the probe found another shape (norm offsets, scaled embeddings, gelu)
+    prompts = [[(7 * i + 3 * k) % 500 + 2 for i in range(n)] for k, n in enumerate((40, 75))]
+    for batch in ([prompts[0]], prompts):  # the runner's one and two rows
+        got, _, _ = host_greedy(model, body, batch, steps=8)
+        assert got == [mlx_lm_greedy(model, p, 8) for p in batch]
+
+
+def test_rows_reading_a_shared_prefix_give_mlx_lms_greedy_tokens(arch_models):
+    model = arch_models("qwen3")
+    prefix = [(5 * i + 1) % 400 + 2 for i in range(48)]  # three full blocks
+    prompts = [prefix + [9, 8, 7], prefix + [4, 5]]
+    got, shared, _ = host_greedy(model, HostBody.find(model), prompts, steps=6)
+    assert shared == [False, True]
+    assert got == [mlx_lm_greedy(model, p, 6) for p in prompts]
+
+
+def test_it_writes_the_keys_and_values_mlx_writes(arch_models):
+    # a step after the host ones may run on MLX (a third row joins) and read what it wrote
+    model = arch_models("llama")
+    prompts = [[(3 * i + 1) % 300 + 2 for i in range(n)] for n in (20, 33)]
+    host = host_greedy(model, HostBody.find(model), prompts, steps=5)
+    device = host_greedy(model, None, prompts, steps=5)
+    assert host[0] == device[0]
+    for a, b in zip(host[2].arrays(host[2].rows), device[2].arrays(device[2].rows)):
+        assert a.shape == b.shape
+        assert np.allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_no_host_body_for_16_bit_or_quantized_weights(tmp_path):
+    path = write_random_model(tmp_path / "bf", preset="tiny", dtype="bfloat16")
+    model, _ = load(str(path))
+    assert HostBody.find(model) is None
+    model, _ = load(str(write_random_model(tmp_path / "q", preset="tiny")))
+    nn.quantize(model, group_size=32, bits=8)
+    assert HostBody.find(model) is None
+
+
+def test_no_host_body_off_the_cpu(arch_models, monkeypatch):
+    model = arch_models("qwen3")
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    assert HostBody.find(model) is None
+
+
+def test_a_row_without_room_for_its_next_position_is_left_to_mlx(arch_models):
+    model = arch_models("qwen3")
+    pool = KVPool(num_blocks=64, block_size=16)
+    batch = rows.RowBatch(len(model.layers), pool)
+    seq = _Seq(0)
+    tokens = list(range(2, 18))  # exactly one block, reserved for itself only
+    batch.admit(seq, pool.admit(0, tokens, len(tokens)))
+    model(mx.array([tokens]), cache=batch.prefill_cache(seq))
+    batch.advance([seq], len(tokens))
+    mx.eval(batch.arrays([seq]))
+    batch.join(seq)
+    assert batch.host_rows([seq], [5]) is None
