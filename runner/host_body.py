@@ -28,6 +28,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from mlxr.runner.kv.host_attention import attend_position
+
 log = logging.getLogger("mlxr.runner")
 
 MAX_ROWS = 2  # as the host head: from three rows one batched MLX pass costs less
@@ -236,31 +238,13 @@ class HostBody:
             keys, values = row.keys[i], row.values[i]
             keys[-1][:, -1] = k
             values[-1][:, -1] = v
-            attended = _attend(q * layer.scale, keys, values, layer.heads // layer.kv_heads)
+            attended = attend_position(q * layer.scale, keys, values,
+                                       layer.heads // layer.kv_heads)
             h = h + _project(attended.reshape(-1), layer.o)
             x = _rms(h, layer.mlp_norm)
             gate = _project(x, layer.gate)
             h = h + _project(gate / (1.0 + np.exp(-gate)) * _project(x, layer.up), layer.down)
         return _rms(h, self.norm)
-
-
-def _attend(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
-            group: int) -> np.ndarray:
-    """One query position's attention: q (heads, dim), pre-scaled; keys and values pieces
-    (kv_heads, n, dim). Head h reads key head h // group."""
-    kv_heads, dim = keys[0].shape[0], q.shape[-1]
-    q = q.reshape(kv_heads, group, dim)
-    parts = [q @ k.transpose(0, 2, 1) for k in keys]  # (kv_heads, group, n)
-    scores = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    out, at = None, 0
-    for v in values:
-        part = scores[..., at:at + v.shape[1]] @ v
-        out = part if out is None else out + part
-        at += v.shape[1]
-    return out
 
 
 def _leaves(model):

@@ -73,3 +73,24 @@ def attend(queries: mx.array, keys: mx.array | list[mx.array],
             out = part if out is None else out + part
             at += v.shape[2]
     return out.reshape(1, heads, n, values[0].shape[-1])
+
+
+def attend_position(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
+                    group: int) -> np.ndarray:
+    """One query position's attention in numpy: q (heads, dim), already scaled; keys and
+    values pieces (kv_heads, n, dim) in position order. Head h reads key head h // group.
+    Returns (heads, dim)."""
+    kv_heads, dim = keys[0].shape[0], q.shape[-1]
+    q = q.reshape(kv_heads, group, dim)
+    parts = [q @ k.transpose(0, 2, 1) for k in keys]  # (kv_heads, group, n)
+    scores = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    out, at = None, 0
+    for v in values:
+        part = scores[..., at:at + v.shape[1]] @ v
+        out = part if out is None else out + part
+        at += v.shape[1]
+    return out.reshape(kv_heads * group, dim)
+
