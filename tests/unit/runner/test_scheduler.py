@@ -319,7 +319,9 @@ def test_prefill_alone_uses_the_full_chunk():
 
 
 def test_short_prompts_arriving_together_prefill_in_one_step():
-    sched, step = make(SchedulerConfig(prefill_chunk=256, max_running=16))
+    # Nothing decodes: the burst gets the whole step budget, not the 64-token chunk.
+    sched, step = make(SchedulerConfig(prefill_chunk=64, step_token_budget=256,
+                                       max_running=16))
     seqs = [make_seq(i, 30, max_new=10) for i in range(12)]
     for seq in seqs:
         sched.add(seq)
@@ -332,7 +334,18 @@ def test_short_prompts_arriving_together_prefill_in_one_step():
     assert all(s.output_tokens == [7] for s in touched)
     plan = sched.schedule()
     assert plan.decode == seqs[:8]
-    assert [(c.seq.seq_id, c.start) for c in plan.prefills][:1] == [(8, 16)]
+    # streams decode now: the chunk allowance again
+    assert [(c.seq.seq_id, c.start, c.end) for c in plan.prefills] == \
+        [(8, 16, 30), (9, 0, 30), (10, 0, 20)]
+
+
+def test_a_long_prompt_in_a_burst_keeps_the_chunk_size():
+    sched, step = make(SchedulerConfig(prefill_chunk=64, step_token_budget=256,
+                                       long_prompt_tokens=100))
+    for i, n in enumerate((30, 30, 400)):
+        sched.add(make_seq(i, n))
+    plan = sched.schedule()
+    assert [(c.seq.seq_id, c.end) for c in plan.prefills] == [(0, 30), (1, 30), (2, 4)]
 
 
 def test_short_prompts_are_not_throttled_while_streams_decode():
