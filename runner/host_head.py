@@ -25,10 +25,10 @@ import numpy as np
 log = logging.getLogger("mlxr.runner")
 
 MAX_ROWS = 2  # per-row sgemv (2.4 ms each) against one sgemm (8-10 ms); at 3 rows a wash
-_ROW_MAJOR, _NO_TRANS = 101, 111
+ROW_MAJOR, NO_TRANS = 101, 111
 
 
-def _sgemv(library: str | None) -> Callable[..., None] | None:
+def openblas_sgemv(library: str | None) -> Callable[..., None] | None:
     """`cblas_sgemv` of the OpenBLAS preloaded into this process, else of `library`, else
     None. The runner passes no library: where OpenBLAS was not preloaded (MLXR_OPENBLAS=off,
     or none installed) it does not load one."""
@@ -98,7 +98,7 @@ class HostHead:
         weight = cpu_head_weight(model, mlx_head)
         if weight is None:
             return None
-        sgemv = _sgemv(library)
+        sgemv = openblas_sgemv(library)
         if sgemv is None or not np.asarray(weight).flags.c_contiguous:
             return None
         head = cls(weight, sgemv)
@@ -114,6 +114,6 @@ class HostHead:
         out = np.empty((rows.shape[0], self.vocab), dtype=np.float32)
         matrix = self._matrix.ctypes.data
         for i in range(rows.shape[0]):
-            self._sgemv(_ROW_MAJOR, _NO_TRANS, self.vocab, self.hidden, 1.0, matrix,
+            self._sgemv(ROW_MAJOR, NO_TRANS, self.vocab, self.hidden, 1.0, matrix,
                         self.hidden, rows[i].ctypes.data, 1, 0.0, out[i].ctypes.data, 1)
         return mx.array(out)
