@@ -170,18 +170,19 @@ class _Rotations:
 
 class HostBody:
     def __init__(self, embed: np.ndarray, layers: list[_Layer], norm: tuple,
-                 rotations: _Rotations, weights: list[mx.array]):
+                 rotations: _Rotations, weights: list[mx.array], library: str | None = None):
         self._weights = weights  # keep the buffers the numpy views point into alive
         self.embed = embed
         self.layers = layers
         self.norm = norm
         self.rotations = rotations
-        self._project = _Products(openblas_sgemv(None))
+        self._project = _Products(openblas_sgemv(library))
         self.head_dim = layers[0].q[0].shape[0] // layers[0].heads
 
     @classmethod
-    def find(cls, model) -> "HostBody | None":
-        """A host body for `model`'s decode steps, or None where it does not apply."""
+    def find(cls, model, library: str | None = None) -> "HostBody | None":
+        """A host body for `model`'s decode steps, or None where it does not apply.
+        `library`: an OpenBLAS to load when none is preloaded (tests)."""
         if mx.default_device() != mx.cpu:
             return None
         body = getattr(model, "model", None)
@@ -207,7 +208,7 @@ class HostBody:
                 for at in (1, 4099):
                     if not np.array_equal(other.make(at, 1), rotations.make(at, 1)):
                         return None
-            host = cls(table, parsed, norm, rotations, weights)
+            host = cls(table, parsed, norm, rotations, weights, library)
             return host if host.matches(model) else None
         except Exception as exc:  # a rope or layer this code does not read
             log.info("decode body in numpy does not apply (%s)", exc)

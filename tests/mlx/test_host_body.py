@@ -16,6 +16,7 @@ from mlxr.runner.kv import rows
 from mlxr.runner.kv.pool import KVPool
 from mlxr.runner.model_step import split_model
 from mlxr.supervisor.store.random_model import ARCH_NAMES, write_random_model
+from tests.mlx.test_heads import probed_blas
 from tests.mlx.test_host_attention import _Seq, mlx_lm_greedy
 
 TAKES_IT = {"llama", "mistral", "qwen2", "qwen3"}
@@ -82,6 +83,18 @@ def test_the_architectures_it_fits_give_mlx_lms_greedy_tokens(arch, arch_models)
     for batch in ([prompts[0]], prompts):  # the runner's one and two rows
         got, _, _ = host_greedy(model, body, batch, steps=8)
         assert got == [mlx_lm_greedy(model, p, 8) for p in batch]
+
+
+def test_the_products_through_openblas_give_the_same_tokens(arch_models):
+    # the runner preloads OpenBLAS, and the body's products then go through it, as the head's
+    model = arch_models("qwen2")  # with q/k/v biases
+    library = probed_blas()
+    assert library is not None
+    body = HostBody.find(model, library)
+    assert body is not None and body._project._sgemv is not None
+    prompts = [[(5 * i + 2) % 400 + 2 for i in range(n)] for n in (30, 61)]
+    got, _, _ = host_greedy(model, body, prompts, steps=8)
+    assert got == [mlx_lm_greedy(model, p, 8) for p in prompts]
 
 
 def test_rows_reading_a_shared_prefix_give_mlx_lms_greedy_tokens(arch_models):
