@@ -162,7 +162,7 @@ class _Rotations:
         block = position // _ROPE_BLOCK
         table = self._blocks.get(block)
         if table is None:
-            if len(self._blocks) >= 8:
+            if len(self._blocks) >= 4:  # two rows need at most two blocks at a time
                 self._blocks.pop(next(iter(self._blocks)))
             table = self._blocks[block] = self.make(block * _ROPE_BLOCK, _ROPE_BLOCK)
         return table[position - block * _ROPE_BLOCK]

@@ -137,8 +137,9 @@ class Settings:
     # architecture fits) or "padded" (mlx-lm's left-padded batch cache: for comparisons).
     kv_layout: str = "rows"
     # On a CPU, attend float32 rows with many scores with numpy's softmax
-    # (runner/kv/host_attention.py), and take numpy's SwiGLU in prefill chunks
-    # (runner/host_swiglu.py); MLXR_HOST_ATTENTION=0: always MLX's.
+    # (runner/kv/host_attention.py), take numpy's SwiGLU in prefill chunks
+    # (runner/host_swiglu.py), and run decode steps of 1-2 rows in numpy
+    # (runner/host_body.py); MLXR_HOST_ATTENTION=0: always MLX's.
     host_attention: bool = True
     # On a CPU, widen bfloat16, float16 and quantized weights to float32 at load, where MLX's
     # matmuls use BLAS (runner/weights.py): "auto" (when it fits in memory), "on", "off".
