@@ -7,8 +7,8 @@ Invariants:
 - Each step has one prefill allowance of prompt tokens, shared by the prefilling sequences in
   the order they were admitted (one chunk each); a sequence is admitted only while the
   allowance is not used up, so short prompts that arrive together start together.
-- The allowance is `prefill_chunk`, or the whole `step_token_budget` for a burst of short
-  prompts while nothing decodes (nobody to stall; they all start together). It keeps a step's
+- The allowance is `prefill_chunk`, or the whole `step_token_budget` for a burst: more short
+  prompts waiting to start than streams decoding (they all start together). It keeps a step's
   tokens (decode tokens + prefill chunks) within `step_token_budget`, but never shrinks below
   `min_prefill_chunk` (no starvation).
 - While streams decode and a long prompt (over `long_prompt_tokens` left to compute) is being
@@ -216,12 +216,8 @@ class Scheduler:
                    for s in pending)
 
     def _prefill_allowance(self, num_decode: int) -> int:
-        # A burst of short prompts with no stream decoding is read in one pass of up to the
-        # step budget, so all of them start together (time to first token p99 at 16 streams
-        # -16%, docs/PERFORMANCE.md). With a long prompt among them the chunk size stays, so
-        # that a prompt arriving while it is read waits one chunk at most.
-        burst = not num_decode and not self._long_prompt(self.config.max_running)
-        chunk = self.config.step_token_budget if burst else self.config.prefill_chunk
+        chunk = self.config.step_token_budget if self._burst(num_decode) else \
+            self.config.prefill_chunk
         size = min(chunk, self.config.step_token_budget - num_decode)
         if num_decode and self._long_prompt():
             context = self.prefilling[0].num_computed if self.prefilling else 0
@@ -230,6 +226,17 @@ class Scheduler:
             if timed is not None:
                 size = min(size, timed)
         return max(size, self.config.min_prefill_chunk)
+
+    def _burst(self, num_decode: int) -> bool:
+        """Are more short prompts waiting to start than streams decoding? Then they are read
+        in one pass of up to the step budget, so that all of them start together: the few
+        streams decoding wait one longer step, and the prompts' time to first token is not
+        a string of chunked steps each (p99 at 16 streams -16%, docs/PERFORMANCE.md). With
+        a long prompt among them the chunk size stays, so that a prompt arriving while it is
+        read waits one chunk at most."""
+        room = self.config.max_running - len(self.running) - len(self.prefilling)
+        starting = len(self.prefilling) + min(len(self.waiting), max(room, 0))
+        return starting > num_decode and not self._long_prompt(self.config.max_running)
 
     def _reap_cancelled(self) -> None:
         for seq in [s for s in self.unfinished if s.cancelled]:

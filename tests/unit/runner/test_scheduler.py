@@ -339,6 +339,19 @@ def test_short_prompts_arriving_together_prefill_in_one_step():
         [(8, 16, 30), (9, 0, 30), (10, 0, 20)]
 
 
+def test_a_burst_larger_than_the_decoding_batch_starts_in_one_step():
+    sched, step = make(SchedulerConfig(prefill_chunk=64, step_token_budget=1024))
+    first = make_seq(0, 30, max_new=50)
+    sched.add(first)
+    run_step(sched, step)  # the first arrival starts alone, then decodes
+    assert sched.running == [first]
+    for i in range(1, 11):
+        sched.add(make_seq(i, 30))
+    plan = sched.schedule()
+    assert plan.decode == [first]
+    assert [(c.seq.seq_id, c.end) for c in plan.prefills] == [(i, 30) for i in range(1, 11)]
+
+
 def test_a_long_prompt_in_a_burst_keeps_the_chunk_size():
     sched, step = make(SchedulerConfig(prefill_chunk=64, step_token_budget=256,
                                        long_prompt_tokens=100))
