@@ -126,7 +126,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     token_text = fast_decode(tokenizer, skip_special=False)
     step = ModelStep(model, config.prefix_cache_bytes, lambda token: token_text([token]),
                      rows=config.kv_layout == "rows", vision=vision,
-                     host_attention=config.host_attention)
+                     host_attention=config.host_attention, distributed=group is not None)
     log.info("blas: %s", blas)
     log.info("kv cache: %s", "rows over the block pool" if step.uses_rows
              else "padded batch (this architecture does not fit the rows)")

@@ -86,14 +86,15 @@ class _Ahead:
 
 class ModelStep:
     def __init__(self, model, prefix_cache_bytes: int, detok_top, rows: bool = True,
-                 vision=None, host_attention: bool = True):
+                 vision=None, host_attention: bool = True, distributed: bool = False):
         """`rows`: use the block pool's rows where the model fits them (False: always the
         padded batch, for comparisons). `vision`: a vision model's image side
         (runner/vision/model.py), which gives image prompts their embeddings and positions.
         `host_attention`: the rows may attend with numpy's softmax on a CPU
         (runner/kv/host_attention.py), prefill chunks take numpy's SwiGLU
         (runner/host_swiglu.py), and decode steps of one or two rows run their body in numpy
-        (runner/host_body.py)."""
+        (runner/host_body.py). `distributed`: one rank of a sharded model (no numpy body: its
+        probe is a forward pass, whose collectives only the model step's own passes may hold)."""
         self.model = model
         self.vision = vision
         self.split = split_model(model)
@@ -110,7 +111,7 @@ class ModelStep:
         self.num_layers = len(make_prompt_cache(model))
         self.uses_rows = rows and kv_rows.probe(model, self.num_layers)
         self.host_body = HostBody.find(model) if (
-            host_attention and self.uses_rows and vision is None
+            host_attention and self.uses_rows and vision is None and not distributed
             and self.split.body is not None) else None
         self.kv = None
         self._ahead: _Ahead | None = None
