@@ -88,14 +88,20 @@ def rows_greedy(model, prompts: list[list[int]], chunk: int, steps: int,
         batch.join(seq)
     out = [[int(t.item())] for t in firsts]
     last = mx.concatenate(firsts)
-    for _ in range(steps - 1):
+    decode_greedy(model, batch, seqs, last, out, steps - 1)
+    rows_greedy.shared = [bool(batch._rows[s.seq_id].shared) for s in seqs]
+    return out, batch.can_run_ahead()
+
+
+def decode_greedy(model, batch, seqs, last: mx.array, out: list[list[int]], steps: int) -> None:
+    """`steps` greedy decode passes of all `seqs` together over the rows, from their last
+    tokens `last`; each row's tokens are appended to `out`."""
+    for _ in range(steps):
         logits = model(last[:, None], cache=batch.decode_cache())
         batch.advance(seqs, 1)
         last = mx.argmax(logits[:, -1, :], axis=-1)
         for i, t in enumerate(last.tolist()):
             out[i].append(t)
-    rows_greedy.shared = [bool(batch._rows[s.seq_id].shared) for s in seqs]
-    return out, batch.can_run_ahead()
 
 
 def mlx_lm_greedy(model, tokens: list[int], steps: int) -> list[int]:

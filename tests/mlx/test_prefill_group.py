@@ -9,7 +9,7 @@ import mlx.core as mx
 
 from mlxr.runner.kv import rows
 from mlxr.runner.kv.pool import KVPool
-from tests.mlx.test_host_attention import _Seq, mlx_lm_greedy
+from tests.mlx.test_host_attention import _Seq, decode_greedy, mlx_lm_greedy
 from tests.mlx.test_host_attention import model  # noqa: F401  (the fixture: tiny, on the rows)
 
 
@@ -48,12 +48,7 @@ def grouped_greedy(model, prompts: list[list[int]], chunk: int, steps: int,
         batch.join(seq)
     out = [[first[s.seq_id]] for s in seqs]
     last = mx.array([first[s.seq_id] for s in seqs])
-    for _ in range(steps - 1):
-        logits = model(last[:, None], cache=batch.decode_cache())
-        batch.advance(seqs, 1)
-        last = mx.argmax(logits[:, -1, :], axis=-1)
-        for i, t in enumerate(last.tolist()):
-            out[i].append(t)
+    decode_greedy(model, batch, seqs, last, out, steps - 1)
     return out, shared
 
 
