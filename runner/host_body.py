@@ -2,10 +2,10 @@
 
 A decode step of one row is a few hundred operations on vectors of a few hundred floats. MLX's
 CPU dispatch costs tens of microseconds an operation (a 1 x 192 by 192 x 768 product: about
-150 us, as an sgemm; numpy's matrix-vector product: about 15 us), so the 30M model's body took
-about 5 ms a token where numpy takes about 1.7 ms (docs/PERFORMANCE.md, "The decode body in
-numpy"). The body's keys and values stay in the block pool's MLX arrays: the row's new position
-is written through a numpy view of them, and attention reads them in place.
+150 us, as an sgemm; numpy's matrix-vector product: about 40 us), so the 30M model's body took
+about 4.6 ms a token where numpy takes about 1.3 ms (docs/PERFORMANCE.md, "The decode body in
+numpy, and bursts"). The body's keys and values stay in the block pool's MLX arrays: the
+row's new position is written through a numpy view of them, and attention reads them in place.
 
 Used only when all of these hold, else `HostBody.find` returns None and nothing changes:
 - the default device is the CPU and every weight the body reads is a float32 array;
@@ -27,8 +27,11 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
 
-from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, openblas_sgemv
+from mlxr.runner.host_head import matvec, openblas_sgemv
+from mlxr.runner.host_swiglu import silu_times
 from mlxr.runner.kv.host_attention import attend_position
 
 log = logging.getLogger("mlxr.runner")
@@ -133,11 +136,8 @@ class _Products:
         if self._sgemv is None or not weight.flags.c_contiguous:
             out = weight @ x
         else:
-            x = np.ascontiguousarray(x, dtype=np.float32)
             out = np.empty(weight.shape[0], dtype=np.float32)
-            rows, cols = weight.shape
-            self._sgemv(ROW_MAJOR, NO_TRANS, rows, cols, 1.0, weight.ctypes.data, cols,
-                        x.ctypes.data, 1, 0.0, out.ctypes.data, 1)
+            matvec(self._sgemv, weight, np.ascontiguousarray(x, dtype=np.float32), out)
         return out if bias is None else out + bias
 
 
@@ -190,7 +190,7 @@ class HostBody:
         layers = getattr(body, "layers", None)
         if type(embed) is not nn.Embedding or not layers:
             return None
-        weights = [a for _, a in _leaves(model)]
+        weights = [a for _, a in tree_flatten(model.parameters())]
         mx.eval(weights)
         table = _array(embed.weight)
         parsed = [_Layer.of(layer) for layer in layers]
@@ -217,8 +217,6 @@ class HostBody:
     def matches(self, model) -> bool:
         """Do this body's hidden states for a decode step equal the model's own, on a short
         prompt with mlx-lm's cache?"""
-        from mlx_lm.models.cache import make_prompt_cache
-
         prompt, token = [3, 1, 4, 1, 5, 9, 2], 6
         cache = make_prompt_cache(model)
         model.model(mx.array([prompt]), cache=cache)
@@ -243,7 +241,7 @@ class HostBody:
     def _row(self, row: HostRow) -> np.ndarray:
         d = self.head_dim
         rotate = self.rotations(row.position)
-        h = self.embed[row.token].astype(np.float32)
+        h = self.embed[row.token]  # a view: the steps below make new arrays
         for i, layer in enumerate(self.layers):
             x = _rms(h, layer.attn_norm)
             q = self._project(x, layer.q).reshape(layer.heads, d)
@@ -261,13 +259,7 @@ class HostBody:
                                        layer.heads // layer.kv_heads)
             h = h + self._project(attended.reshape(-1), layer.o)
             x = _rms(h, layer.mlp_norm)
-            gate = self._project(x, layer.gate)
-            h = h + self._project(gate / (1.0 + np.exp(-gate)) * self._project(x, layer.up),
-                                   layer.down)
+            mixed = silu_times(self._project(x, layer.gate), self._project(x, layer.up))
+            h = h + self._project(mixed, layer.down)
         return _rms(h, self.norm)
 
-
-def _leaves(model):
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(model.parameters())

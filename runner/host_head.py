@@ -25,7 +25,7 @@ import numpy as np
 log = logging.getLogger("mlxr.runner")
 
 MAX_ROWS = 2  # per-row sgemv (2.4 ms each) against one sgemm (8-10 ms); at 3 rows a wash
-ROW_MAJOR, NO_TRANS = 101, 111
+_ROW_MAJOR, _NO_TRANS = 101, 111
 
 
 def openblas_sgemv(library: str | None) -> Callable[..., None] | None:
@@ -112,8 +112,15 @@ class HostHead:
         """Logits (B, vocab) for float32 hidden states (B, hidden) on the host."""
         rows = np.ascontiguousarray(hidden, dtype=np.float32)
         out = np.empty((rows.shape[0], self.vocab), dtype=np.float32)
-        matrix = self._matrix.ctypes.data
         for i in range(rows.shape[0]):
-            self._sgemv(ROW_MAJOR, NO_TRANS, self.vocab, self.hidden, 1.0, matrix,
-                        self.hidden, rows[i].ctypes.data, 1, 0.0, out[i].ctypes.data, 1)
+            matvec(self._sgemv, self._matrix, rows[i], out[i])
         return mx.array(out)
+
+
+def matvec(sgemv: Callable[..., None], matrix: np.ndarray, x: np.ndarray,
+           out: np.ndarray) -> None:
+    """out = matrix @ x with `cblas_sgemv`: a C-contiguous float32 matrix (rows, cols),
+    contiguous float32 vectors."""
+    rows, cols = matrix.shape
+    sgemv(_ROW_MAJOR, _NO_TRANS, rows, cols, 1.0, matrix.ctypes.data, cols, x.ctypes.data, 1,
+          0.0, out.ctypes.data, 1)

@@ -296,16 +296,13 @@ class ModelStep:
 
     def _host_logits(self) -> mx.array | None:
         """This decode step's logits with the body in numpy, where it applies (a few rows,
-        not a distributed rank, the rows' arrays have room); else None."""
-        if self.host_body is None or self.lockstep or len(self.rows) > HOST_BODY_MAX_ROWS:
+        the rows' arrays have room); else None."""
+        if self.host_body is None or len(self.rows) > HOST_BODY_MAX_ROWS:
             return None
         host_rows = self.kv.host_rows(self.rows, [s.output_tokens[-1] for s in self.rows])
         if host_rows is None:
             return None
-        hidden = self.host_body(host_rows)
-        if self._host_head_for(len(self.rows)):
-            return self.split.logits(self.host_head.project(hidden))
-        return self.split.logits(self.device_head(mx.array(hidden)))
+        return self._head(mx.array(self.host_body(host_rows)))
 
     def _host_head_for(self, rows: int) -> bool:
         return self.host_head is not None and rows <= HOST_HEAD_MAX_ROWS
