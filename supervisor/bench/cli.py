@@ -21,19 +21,19 @@ from mlxr.supervisor.bench.load import make_prompts, run_load
 from mlxr.supervisor.bench.targets import OpenAITarget, RunnerTarget, Sampling
 from mlxr.supervisor.bench.targets import greedy_agreement
 
-PRESETS = ("tiny", "small", "medium")
+PRESETS = ("tiny", "small", "medium", "qwen3-0.6b")
 
 
-def resolve_model(spec: str, cache_dir: Path) -> Path:
+def resolve_model(spec: str, cache_dir: Path, dtype: str = "float32") -> Path:
     path = Path(spec).expanduser()
     if path.is_dir():
         return path
     if spec in PRESETS:
         from mlxr.supervisor.store.random_model import write_random_model
 
-        dest = cache_dir / f"random-{spec}"
+        dest = cache_dir / (f"random-{spec}" if dtype == "float32" else f"random-{spec}-{dtype}")
         if not (dest / "model.safetensors").exists():
-            write_random_model(dest, spec, seed=0)
+            write_random_model(dest, spec, seed=0, dtype=dtype)
         return dest
     raise SystemExit(f"--model: {spec!r} is neither a model directory nor a preset {PRESETS}")
 
@@ -41,6 +41,8 @@ def resolve_model(spec: str, cache_dir: Path) -> Path:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mlxr bench", description="Serving benchmark")
     p.add_argument("--model", default="small", help="model directory or random preset")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="weight type of a random preset")
     p.add_argument("--concurrency", default="1,8,16")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--gen-tokens", type=int, default=128)
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     work = Path(tempfile.mkdtemp(prefix="mlxr-bench-"))
-    model_dir = resolve_model(args.model, Path.home() / ".cache" / "mlxr-bench")
+    model_dir = resolve_model(args.model, Path.home() / ".cache" / "mlxr-bench", args.dtype)
     # What mlxr and mlx_lm.server serve; llama.cpp's GGUF is always made from model_dir.
     served_dir = quantized_copy(model_dir, Path.home() / ".cache" / "mlxr-bench",
                                 args.mlx_bits) if args.mlx_bits else model_dir

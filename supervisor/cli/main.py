@@ -243,9 +243,10 @@ def push(name, insecure) -> None:
 @click.option("--from", "from_", metavar="DIR|FILE.gguf|MODEL",
               help="Build on a local model directory, a GGUF file or a model (instead of FROM)")
 @click.option("--random", "preset", metavar="PRESET|ARCH",
-              help="Build a random-weight test model: a size (tiny, small, medium: qwen3), "
-                   "an architecture (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, "
-                   "granite) or a vision model (qwen2.5-vl, qwen2-vl, gemma3-vision)")
+              help="Build a random-weight test model: a size (tiny, small, medium, "
+                   "qwen3-0.6b: qwen3), an architecture (llama, mistral, qwen2, qwen3, "
+                   "gemma2, gemma3, phi3, granite) or a vision model (qwen2.5-vl, qwen2-vl, "
+                   "gemma3-vision)")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32",
               show_default=True, help="Weight type for --random")

@@ -1,7 +1,8 @@
-"""Random-weight test models: qwen3 with the real Qwen3 tokenizer (presets tiny, small, medium),
-and one small model of every architecture we serve with a 2,048-token tokenizer (the preset
-named after the architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, granite), and
-the vision presets qwen2.5-vl, qwen2-vl and gemma3-vision (supervisor/store/random_vision.py).
+"""Random-weight test models: qwen3 with the real Qwen3 tokenizer (presets tiny, small, medium,
+qwen3-0.6b), and one small model of every architecture we serve with a 2,048-token tokenizer
+(the preset named after the architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3,
+granite), and the vision presets qwen2.5-vl, qwen2-vl and gemma3-vision
+(supervisor/store/random_vision.py).
 
 Invariants:
 - The same arguments write the same bytes; the tiny/small/medium presets write exactly what
@@ -73,6 +74,10 @@ PRESETS: dict[str, Preset] = {
                        "tiny random qwen3 with 4 KV heads (untied head)"),
     # ~147M parameters.
     "medium": Preset(512, 22, 8, 4, 64, 1408, True, "medium random qwen3, ~147M parameters"),
+    # Qwen3-0.6B's shape (~596M parameters): the GPU benchmark's model, a real model's speed
+    # without its weights.
+    "qwen3-0.6b": Preset(1024, 28, 16, 8, 128, 3072, True,
+                         "random qwen3 in Qwen3-0.6B's shape, ~596M parameters"),
     "llama": _arch("llama", True, note=", Llama 3 rope scaling"),
     "mistral": _arch("mistral", False),
     "qwen2": _arch("qwen2", True, note=", q/k/v biases"),
