@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import psutil
 
-from mlxr.shared.config import RunnerConfig
+from mlxr.shared.config import RunnerConfig, rows_layout
 from mlxr.shared.errors import UnsupportedModel
 from mlxr.shared.model_checks import check_model_dir
 from mlxr.runner.kv.pool import BLOCK_SIZE, KVPool
@@ -74,6 +74,8 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     check_model_dir(Path(config.model_dir))
     from mlx_lm.utils import load
 
+    import mlx.core as mx
+
     from mlxr.runner.architectures import fix_model
     from mlxr.runner.embed.embeddings import LMEmbedder, is_encoder_dir, load_encoder_embedder
     from mlxr.runner.model_step import ModelStep
@@ -94,8 +96,6 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     vision = None
     how = ""
     if group is not None:
-        import mlx.core as mx
-
         from mlxr.runner.distributed.lockstep import shard
 
         if vision_family(model_config):
@@ -125,11 +125,13 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
                       or getattr(tokenizer, "model_max_length", 0) or 1 << 20)
     token_text = fast_decode(tokenizer, skip_special=False)
     step = ModelStep(model, config.prefix_cache_bytes, lambda token: token_text([token]),
-                     rows=config.kv_layout == "rows", vision=vision,
+                     rows=rows_layout(config.kv_layout, mx.default_device() == mx.cpu),
+                     vision=vision,
                      host_attention=config.host_attention, distributed=group is not None)
     log.info("blas: %s", blas)
     log.info("kv cache: %s", "rows over the block pool" if step.uses_rows
-             else "padded batch (this architecture does not fit the rows)")
+             else "padded batch (MLXR_KV_LAYOUT, the device, or an architecture the rows "
+                  "do not fit)")
     log.info("decode head: %s", "BLAS matrix-vector products for 1-2 rows"
              if step.host_head is not None else "MLX")
     log.info("decode body: %s", "numpy for 1-2 rows" if step.host_body is not None else "MLX")

@@ -1,40 +1,48 @@
 #!/usr/bin/env bash
-# The runner on a GPU (mlx[cuda] on Linux, or Metal): which device MLX picked, the MLX tier of
-# the tests that do not assume a CPU, and `mlxr bench` against mlx_lm.server on a model in
-# Qwen3-0.6B's shape (random bfloat16 weights, so no download).
+# The runner on a GPU (mlx[cuda] on Linux, or Metal): which device MLX picked, how far the
+# load-time probes' routes differ there, the MLX tests of the rows and the probes, and
+# `mlxr bench` against mlx_lm.server on a model in Qwen3-0.6B's shape (random bfloat16
+# weights, so no download), with the KV layout as chosen (auto: the padded batch on a GPU) and
+# with the rows forced. docs/PERFORMANCE.md, "On a GPU", has what it printed on an H200.
 #
 #   scripts/gpu_check.sh [OUTPUT_DIR]
 #
 # Needs mlx with its GPU backend, mlx-lm and mlxr importable by `python3` (or $PYTHON), and
-# pytest for the test part. Every part runs even when one before it fails; the exit status is
-# the first failure's.
+# pytest. Every part runs even when one before it fails; the exit status is the first
+# failure's.
 set -u
 out=${1:-bench-results/gpu}
 py=${PYTHON:-python3}
+here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 status=0
 note() { printf '\n== %s\n' "$*"; }
+keep() { [ "$status" = 0 ] && status=$1; }
 
 note "device"
-"$py" - <<'PY' || status=$?
+"$py" - <<'PY' || keep $?
 import mlx.core as mx
-print("mlx", mx.__version__, "default device:", mx.default_device())
+print("mlx", mx.__version__, "default device:", mx.default_device(), mx.device_info())
 if mx.default_device() == mx.cpu:
     raise SystemExit("MLX has no GPU here")
-info = mx.device_info() if hasattr(mx, "device_info") else {}
-print({k: v for k, v in info.items() if k in ("device_name", "architecture", "memory_size")})
 PY
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 
-note "tests on the GPU (MLX tier, CPU-only paths excluded)"
-timeout "${GPU_TEST_TIMEOUT:-240}" "$py" -m pytest -q -p no:cacheprovider --timeout 120 \
-    tests/mlx/test_batch_cache.py tests/mlx/test_prefill_group.py tests/mlx/test_kv_rows.py \
-    tests/mlx/test_architectures.py tests/mlx/test_sampling.py \
-    tests/mlx/test_paged_attention_options.py 2>&1 | tail -40
-rc=${PIPESTATUS[0]}; [ "$status" = 0 ] && status=$rc
+note "the probes' two routes on this device"
+"$py" "$here/probe_differences.py" 2>&1 | grep -v '^\[transformers\]' || keep $?
 
-note "bench: qwen3-0.6b shape, bfloat16, against mlx_lm.server"
+note "tests of the rows and the probes"
+timeout "${GPU_TEST_TIMEOUT:-240}" "$py" -m pytest -q -p no:cacheprovider \
+    tests/mlx/test_kv_rows.py tests/mlx/test_logits_match.py tests/mlx/test_batch_cache.py \
+    tests/mlx/test_prefill_group.py || keep $?
+
+note "bench: qwen3-0.6b shape, bfloat16, against mlx_lm.server (KV layout auto)"
 "$py" -m mlxr.supervisor.cli bench --model qwen3-0.6b --dtype bfloat16 \
     --concurrency "${GPU_BENCH_CONCURRENCY:-1,16,64}" --gen-tokens 128 --against mlx_lm \
-    --output "$out" || { rc=$?; [ "$status" = 0 ] && status=$rc; }
+    --output "$out/auto" || keep $?
+
+note "bench: the same with the rows forced (MLXR_KV_LAYOUT=rows)"
+MLXR_KV_LAYOUT=rows "$py" -m mlxr.supervisor.cli bench --model qwen3-0.6b --dtype bfloat16 \
+    --concurrency "${GPU_BENCH_CONCURRENCY:-1,16,64}" --gen-tokens 128 --against "" \
+    --output "$out/rows" || keep $?
 exit "$status"

@@ -103,9 +103,20 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+KV_LAYOUTS = ("auto", "rows", "padded")
+
+
+def rows_layout(layout: str, on_cpu: bool) -> bool:
+    """Whether a runner holds the KV cache as rows over the block pool (else the padded
+    batch). "auto": the rows on a CPU; the padded batch on a GPU, where the rows' per-row
+    writes and attention calls, one small kernel each, made a 16-stream decode step 2.7x
+    slower on an H200 (docs/PERFORMANCE.md, "On a GPU")."""
+    return layout == "rows" or (layout == "auto" and on_cpu)
+
+
 def _parse_kv_layout(text: str) -> str:
-    if text not in ("rows", "padded"):
-        raise ValueError(f"MLXR_KV_LAYOUT must be rows or padded, not {text!r}")
+    if text not in KV_LAYOUTS:
+        raise ValueError(f"MLXR_KV_LAYOUT must be auto, rows or padded, not {text!r}")
     return text
 
 
@@ -134,8 +145,9 @@ class Settings:
     context_length: int = 4096
     prefix_cache_bytes: int = 1 << 30
     # How runners hold the KV cache: "rows" (the block pool, runner/kv/rows.py, where the
-    # architecture fits) or "padded" (mlx-lm's left-padded batch cache: for comparisons).
-    kv_layout: str = "rows"
+    # architecture fits), "padded" (mlx-lm's left-padded batch cache), or "auto": the rows
+    # on a CPU, the padded batch on a GPU (`rows_layout`).
+    kv_layout: str = "auto"
     # On a CPU, attend float32 rows with many scores with numpy's softmax
     # (runner/kv/host_attention.py), take numpy's SwiGLU in prefill chunks
     # (runner/host_swiglu.py), and run decode steps of 1-2 rows in numpy
@@ -319,7 +331,7 @@ class RunnerConfig:
     step_token_budget: int = 2048
     prefix_cache_bytes: int = 1 << 30  # the padded layout's copy-based prefix cache
     kv_cache_bytes: int = 0  # 0: derived from the system's available memory
-    kv_layout: str = "rows"  # Settings.kv_layout
+    kv_layout: str = "auto"  # Settings.kv_layout
     host_attention: bool = True  # Settings.host_attention
     float32_weights: str = "auto"  # Settings.float32_weights
     watch_stdin: bool = False  # exit when stdin closes (the supervisor died)

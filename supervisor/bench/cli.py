@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> None:
         if llama_binary is not None:
             targets += start_llamacpp(llama_binary, model_dir, work, parallel, args, tokenizer,
                                       procs)
-            agreement = asyncio.run(check_greedy(targets, tokenizer))
+        peers_served = [t for t in targets[1:] if isinstance(t, OpenAITarget)]
+        agreement = asyncio.run(check_greedy(targets[0], peers_served, tokenizer))
         results = asyncio.run(sweep(targets, tokenizer, levels, args, sampling)) if levels else {}
         # Scenarios time single tokens: the runner's protocol reports every token as it is
         # made, where the HTTP APIs only send tokens that have text.
@@ -154,8 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             extra["realistic"] = asyncio.run(realistic.run(
                 wanted, realistic.served_targets(targets, procs), tokenizer,
                 args.scenario_scale, model_dir, args.mixed_rate))
-        if llama_binary is not None:
-            extra.update(agreement)
+        extra.update(agreement)
     finally:
         for p in procs:
             p.stop()
@@ -198,17 +198,18 @@ def start_llamacpp(binary: Path, model_dir: Path, work: Path, parallel: int, arg
     return targets
 
 
-async def check_greedy(targets, tokenizer, count: int = 8, gen_tokens: int = 24) -> dict:
-    """Greedy replies of each llama.cpp server against mlxr's, on `count` prompts."""
+async def check_greedy(ours: OpenAITarget, others: list[OpenAITarget], tokenizer,
+                       count: int = 8, gen_tokens: int = 24) -> dict:
+    """Greedy replies of each peer (mlx_lm.server, llama.cpp) against mlxr's, on `count`
+    prompts."""
     prompts = make_prompts(tokenizer, count, 32, seed=424242)
     out = {}
-    for other in targets[1:]:
-        if other.name.startswith("llama.cpp"):
-            figures = await greedy_agreement(targets[0], other, tokenizer, prompts, gen_tokens)
-            print(f"greedy {other.name} vs {targets[0].name}: {figures['identical']}/"
-                  f"{figures['prompts']} replies identical, {figures['tokens_matched']}/"
-                  f"{figures['tokens']} tokens", flush=True)
-            out[f"greedy_{other.name}"] = figures
+    for other in others:
+        figures = await greedy_agreement(ours, other, tokenizer, prompts, gen_tokens)
+        print(f"greedy {other.name} vs {ours.name}: {figures['identical']}/"
+              f"{figures['prompts']} replies identical, {figures['tokens_matched']}/"
+              f"{figures['tokens']} tokens", flush=True)
+        out[f"greedy_{other.name}"] = figures
     return out
 
 

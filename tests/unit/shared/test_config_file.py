@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxr.shared.config import Settings
+from mlxr.shared.config import Settings, rows_layout
 from mlxr.shared.config_file import FILE_KEYS, ConfigError
 
 FULL = """
@@ -141,3 +141,10 @@ def test_a_missing_named_file_is_an_error_and_the_default_file_is_optional(tmp_p
     (tmp_path / ".mlxr" / "config.toml").write_text("[scheduler]\nnum_parallel = 3\n")
     s, sources = Settings.load({"HOME": str(tmp_path)})
     assert s.num_parallel == 3 and sources["num_parallel"].endswith(".mlxr/config.toml")
+
+
+def test_kv_layout_auto_is_the_rows_on_a_cpu_and_the_padded_batch_on_a_gpu():
+    assert Settings().kv_layout == "auto"
+    assert rows_layout("auto", on_cpu=True) and not rows_layout("auto", on_cpu=False)
+    assert rows_layout("rows", on_cpu=False) and rows_layout("rows", on_cpu=True)
+    assert not rows_layout("padded", on_cpu=True)
