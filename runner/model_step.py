@@ -161,17 +161,26 @@ class ModelStep:
         self.release(plan.release)
         result = StepResult()
         outputs: list[tuple[list[Sequence], SampleOutput]] = []
+        # The decode rows' hidden states, when their head waits for the prompts this step's
+        # chunks end: one pass over the head's weights for all of them (`_shared_head`).
+        pending = None
         if plan.decode:
             assert [s.seq_id for s in plan.decode] == [s.seq_id for s in self.rows], \
                 "batch rows out of step with the scheduler"
-            out = self._decode()
-            outputs.append((self.rows, out))
-            if not plan.prefills and not self.lockstep:
-                self._run_ahead(out)
+            out = self._decode(defer_head=self._shares_head(plan))
+            if isinstance(out, SampleOutput):
+                outputs.append((self.rows, out))
+                if not plan.prefills and not self.lockstep:
+                    self._run_ahead(out)
+            else:
+                pending = out
         elif self._ahead is not None:
             self._drop_ahead()
+        ends: list[tuple[Sequence, mx.array]] | None = [] if pending is not None else None
         with host_swiglu.active(self._host_attention):
-            self._prefill(plan, outputs)
+            self._prefill(plan, outputs, ends)
+        if pending is not None:
+            self._shared_head(pending, ends, outputs)
         chunk_seqs = [c.seq for c in plan.prefills]
         mx.eval(self.kv.arrays(chunk_seqs) + [o.tokens for _, o in outputs])
         for seqs, out in outputs:
@@ -183,10 +192,32 @@ class ModelStep:
             mx.eval(self.kv.arrays(merged))
         return result
 
-    def _prefill(self, plan: StepPlan, outputs: list) -> None:
-        """Build (and, where it attends in numpy, compute) the plan's prefill chunks."""
+    def _shares_head(self, plan: StepPlan) -> bool:
+        """Does a prompt end in this step beside decode rows, so that one head can serve
+        both? Not on a distributed rank 0 (its passes are evaluated one by one, in the
+        followers' order) nor for a vision model."""
+        return (any(c.is_last for c in plan.prefills) and not self.lockstep
+                and self.split.body is not None and self.vision is None)
+
+    def _shared_head(self, hidden: mx.array, ends: list, outputs: list) -> None:
+        """The decode rows' logits and those of the prompts ending beside them, through one
+        head call. On a CPU the head of a 152k-token vocabulary is a read of all its weights
+        per call (116 MB for the 30M model, about 8 ms here), so a prompt's last chunk added
+        that read to its step; sharing it keeps the running streams' interval
+        (docs/PERFORMANCE.md, "The prefill stall (session 13)")."""
+        seqs = list(self.rows) + [seq for seq, _ in ends]
+        if ends:
+            hidden = mx.concatenate([hidden] + [h for _, h in ends])
+        logits = self._head(hidden)
+        self._prepare_hooks(logits, self.rows)
+        outputs.append((seqs, self._sample(logits, seqs)))
+
+    def _prefill(self, plan: StepPlan, outputs: list, ends: list | None) -> None:
+        """Build (and, where it attends in numpy, compute) the plan's prefill chunks. With
+        `ends` (a list), a text prompt's last chunk leaves its final hidden state there for
+        `_shared_head`, instead of taking its own head and sampling."""
         if self._can_group(plan.prefills):
-            self._prefill_group(plan.prefills, outputs)
+            self._prefill_group(plan.prefills, outputs, ends)
             return
         for chunk in plan.prefills:
             seq = chunk.seq
@@ -196,7 +227,9 @@ class ModelStep:
             if seq.vision is not None:
                 extra, rope = self.vision.prefill_inputs(seq.vision, chunk.start, chunk.end)
             with rope:
-                if chunk.is_last:
+                if chunk.is_last and ends is not None and seq.vision is None:
+                    ends.append((seq, self.split.body(inputs, cache=caches)[:, -1, :]))
+                elif chunk.is_last:
                     logits = self._logits(inputs, caches, **extra)
                     if self.lockstep:
                         mx.eval(logits)
@@ -216,7 +249,7 @@ class ModelStep:
                 and self.split.body is not None
                 and all(c.seq.vision is None for c in chunks))
 
-    def _prefill_group(self, chunks: list, outputs: list) -> None:
+    def _prefill_group(self, chunks: list, outputs: list, ends: list | None) -> None:
         """Several sequences' prefill chunks in one forward pass through the body (one set of
         matmuls over all their positions, each row attending over its own context), then
         the head for the rows whose prompt this chunk ends. Measured: docs/PERFORMANCE.md
@@ -233,7 +266,10 @@ class ModelStep:
             flat = hidden.reshape(len(chunks) * width, hidden.shape[-1])
             rows = flat[mx.array([i * width + counts[i] - 1 for i in last])]
             ended = [seqs[i] for i in last]
-            outputs.append((ended, self._sample(self._head(rows), ended)))
+            if ends is not None:
+                ends.extend((seq, rows[j:j + 1]) for j, seq in enumerate(ended))
+            else:
+                outputs.append((ended, self._sample(self._head(rows), ended)))
         for seq, n in zip(seqs, counts):
             self.kv.advance([seq], n)
 
@@ -257,8 +293,10 @@ class ModelStep:
             if is_last:
                 self.kv.join(seq)
 
-    def _decode(self) -> SampleOutput:
-        """This step's tokens for the batch rows: from the step run ahead, or computed now."""
+    def _decode(self, defer_head: bool = False) -> SampleOutput | mx.array:
+        """This step's tokens for the batch rows: from the step run ahead, or computed now.
+        `defer_head`: where the body runs in MLX, return its last hidden states (rows, D)
+        instead, for `_shared_head`."""
         ahead = self._ahead
         if ahead is not None:
             index = {s.seq_id: i for i, s in enumerate(ahead.rows)}
@@ -268,11 +306,20 @@ class ModelStep:
                 return ahead.out if pick == list(range(len(ahead.rows))) else \
                     _select(ahead.out, pick)
             self._drop_ahead()
-        logits = self._host_logits()
-        if logits is None:
+        logits = None
+        hidden = self._host_hidden()
+        if hidden is None:
             inputs = mx.array([[s.output_tokens[-1]] for s in self.rows], dtype=mx.int32)
-            with self._decode_rope():
-                logits = self._logits(inputs, self.kv.decode_cache())
+            if defer_head:
+                hidden = self.split.body(inputs, cache=self.kv.decode_cache())[:, -1, :]
+            else:
+                with self._decode_rope():
+                    logits = self._logits(inputs, self.kv.decode_cache())
+        if defer_head:
+            self.kv.advance(self.rows, 1)
+            return hidden
+        if logits is None:
+            logits = self._head(hidden)
         if self.lockstep:
             mx.eval(logits)
         self.kv.advance(self.rows, 1)
@@ -295,15 +342,15 @@ class ModelStep:
                        if a is not None])
         self._ahead = _Ahead(list(self.rows), nxt)
 
-    def _host_logits(self) -> mx.array | None:
-        """This decode step's logits with the body in numpy, where it applies (a few rows,
-        the rows' arrays have room); else None."""
+    def _host_hidden(self) -> mx.array | None:
+        """This decode step's last hidden states with the body in numpy, where it applies (a
+        few rows, the rows' arrays have room); else None."""
         if self.host_body is None or len(self.rows) > HOST_BODY_MAX_ROWS:
             return None
         host_rows = self.kv.host_rows(self.rows, [s.output_tokens[-1] for s in self.rows])
         if host_rows is None:
             return None
-        return self._head(mx.array(self.host_body(host_rows)))
+        return mx.array(self.host_body(host_rows))
 
     def _host_head_for(self, rows: int) -> bool:
         return self.host_head is not None and rows <= HOST_HEAD_MAX_ROWS
