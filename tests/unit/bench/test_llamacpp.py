@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from mlxr.shared.assets import write_qwen3_tokenizer
 from mlxr.supervisor.bench import cli, peers
 from mlxr.supervisor.bench.metrics import RequestRecord
-from mlxr.supervisor.bench.targets import OpenAITarget, Sampling
+from mlxr.supervisor.bench.targets import OpenAITarget, Sampling, reply_ids
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +102,12 @@ def test_bench_refuses_before_starting_anything(qwen3_dir, tokenizer, tmp_path, 
         cli.main(["--model", str(qwen3_dir), "--against", "vllm",
                   "--output", str(tmp_path / "out")])
     assert started == []
+
+
+def test_greedy_replies_compare_equal_whether_or_not_a_peer_drops_the_leading_space(tokenizer):
+    # mlx_lm.server's streaming detokenizer returns " features features" as "features
+    # features": the same tokens, and re-encoded they differ from the first one on.
+    ours, theirs = " features features", "features features"
+    assert tokenizer.encode(ours).ids[0] != tokenizer.encode(theirs).ids[0]
+    assert reply_ids(tokenizer, ours) == reply_ids(tokenizer, theirs)
+    assert reply_ids(tokenizer, " features") != reply_ids(tokenizer, " feature")
