@@ -227,7 +227,7 @@ class ModelStep:
             if seq.vision is not None:
                 extra, rope = self.vision.prefill_inputs(seq.vision, chunk.start, chunk.end)
             with rope:
-                if chunk.is_last and ends is not None and seq.vision is None:
+                if chunk.is_last and ends is not None:  # (a text model: `_shares_head`)
                     ends.append((seq, self.split.body(inputs, cache=caches)[:, -1, :]))
                 elif chunk.is_last:
                     logits = self._logits(inputs, caches, **extra)
@@ -295,8 +295,8 @@ class ModelStep:
 
     def _decode(self, defer_head: bool = False) -> SampleOutput | mx.array:
         """This step's tokens for the batch rows: from the step run ahead, or computed now.
-        `defer_head`: where the body runs in MLX, return its last hidden states (rows, D)
-        instead, for `_shared_head`."""
+        `defer_head`: where the step is computed now (in MLX or numpy), return its last
+        hidden states (rows, D) instead, for `_shared_head`."""
         ahead = self._ahead
         if ahead is not None:
             index = {s.seq_id: i for i, s in enumerate(ahead.rows)}
