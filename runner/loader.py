@@ -72,9 +72,8 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     passes made while loading are collectives too)."""
     # A file changed since create (or never checked: pulled) fails here, before MLX reads it.
     check_model_dir(Path(config.model_dir))
-    from mlx_lm.utils import load
-
     import mlx.core as mx
+    from mlx_lm.utils import load
 
     from mlxr.runner.architectures import fix_model
     from mlxr.runner.embed.embeddings import LMEmbedder, is_encoder_dir, load_encoder_embedder

@@ -109,8 +109,8 @@ KV_LAYOUTS = ("auto", "rows", "padded")
 def rows_layout(layout: str, on_cpu: bool) -> bool:
     """Whether a runner holds the KV cache as rows over the block pool (else the padded
     batch). "auto": the rows on a CPU; the padded batch on a GPU, where the rows' per-row
-    writes and attention calls, one small kernel each, made a 16-stream decode step 2.7x
-    slower on an H200 (docs/PERFORMANCE.md, "On a GPU")."""
+    writes and attention calls, one small kernel each, made decoding 2.3x slower at 16 streams
+    and 4x at 64 on an H200 (docs/PERFORMANCE.md, "On a GPU")."""
     return layout == "rows" or (layout == "auto" and on_cpu)
 
 
