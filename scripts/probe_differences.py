@@ -10,7 +10,6 @@ probes it. scripts/gpu_check.sh runs it on a GPU.
 from __future__ import annotations
 
 import tempfile
-import traceback
 from pathlib import Path
 
 import mlx.core as mx
@@ -20,7 +19,6 @@ from mlx_lm.utils import load
 
 from mlxr.runner.architectures import fix_model
 from mlxr.runner.kv import rows
-from mlxr.runner.kv.pool import KVPool
 from mlxr.runner.model_step import split_model
 from mlxr.supervisor.store.random_model import write_random_model
 
@@ -52,30 +50,13 @@ def report(name: str, path: Path) -> None:
     if split.body is not None:
         parts = split.logits(split.head(split.body(probe, cache=make_prompt_cache(model))))
         print("  split", difference(parts, whole), flush=True)
-    try:
-        pool = KVPool(num_blocks=8, block_size=16)
-        batch = rows.RowBatch(num_layers, pool)
-        firsts, expected, first_row = [], [], None
-        for i, tokens in enumerate([[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]]):
-            ref = make_prompt_cache(model)
-            last = model(mx.array([tokens]), cache=ref)[:, -1, :]
-            nxt = mx.argmax(last, axis=-1)
-            expected.append(model(nxt[:, None], cache=ref)[:, -1, :])
-            first_row = last if first_row is None else first_row
-            seq = rows._ProbeSeq(i)
-            batch.admit(seq, pool.admit(i, tokens, len(tokens) + 1))
-            got = model(mx.array([tokens]), cache=batch.prefill_cache(seq))[:, -1, :]
-            mx.eval(got, expected[-1])
-            batch.advance([seq], len(tokens))
-            batch.join(seq)
-            print(f"  prefill row {i}", difference(got, last), flush=True)
-            firsts.append(nxt)
-        decoded = model(mx.concatenate(firsts)[:, None], cache=batch.decode_cache())[:, -1, :]
-        print("  decode", difference(decoded, mx.concatenate(expected)), flush=True)
-        print("  a wrong route (row 0's logits for row 1's)", difference(first_row, last),
-              flush=True)
-    except Exception:
-        traceback.print_exc()
+    names = ["prefill row 0", "prefill row 1", "decode, both rows"]
+    pairs = rows.probe_pairs(model, num_layers)
+    for name, (got, want) in zip(names, pairs):
+        print(f"  {name}", difference(got, want), flush=True)
+    # a wrong route, for scale: row 0's logits where row 1's belong
+    print("  a wrong route (row 0's logits for row 1's)", difference(pairs[0][1], pairs[1][1]),
+          flush=True)
 
 
 def main() -> None:

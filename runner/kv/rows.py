@@ -457,38 +457,43 @@ class RowBatch:
 def probe(model, num_layers: int) -> bool:
     """Does this model, with its attention routed here, give mlx-lm's own logits for two
     rows of different lengths, prefilled alone and decoded together?"""
+    try:
+        return all(logits_match(got, want) for got, want in probe_pairs(model, num_layers))
+    except Exception:
+        return False
+
+
+def probe_pairs(model, num_layers: int) -> list[tuple[mx.array, mx.array]]:
+    """The probe's logits, each beside mlx-lm's own: each row's last prefill position, then
+    both rows' decode step (scripts/probe_differences.py prints how far apart they are)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from mlxr.runner.kv.pool import KVPool
 
-    prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]]
-    try:
-        install(model)
-        pool = KVPool(num_blocks=8, block_size=16)
-        batch = RowBatch(num_layers, pool)
-        firsts, expected = [], []
-        # Each forward pass is evaluated alone: on a distributed runner's ranks a pass holds
-        # collectives, which every rank must reach in the same order.
-        for i, tokens in enumerate(prompts):
-            ref = make_prompt_cache(model)
-            last = model(mx.array([tokens]), cache=ref)[:, -1, :]
-            mx.eval(last)
-            nxt = mx.argmax(last, axis=-1)
-            expected.append(model(nxt[:, None], cache=ref)[:, -1, :])
-            mx.eval(expected[-1])
-            seq = _ProbeSeq(i)
-            batch.admit(seq, pool.admit(i, tokens, len(tokens) + 1))
-            got = model(mx.array([tokens]), cache=batch.prefill_cache(seq))[:, -1, :]
-            mx.eval(got)
-            batch.advance([seq], len(tokens))
-            batch.join(seq)
-            if not logits_match(got, last):
-                return False
-            firsts.append(nxt)
-        logits = model(mx.concatenate(firsts)[:, None], cache=batch.decode_cache())[:, -1, :]
-        return logits_match(logits, mx.concatenate(expected))
-    except Exception:
-        return False
+    install(model)
+    pool = KVPool(num_blocks=8, block_size=16)
+    batch = RowBatch(num_layers, pool)
+    pairs, firsts, expected = [], [], []
+    # Each forward pass is evaluated alone: on a distributed runner's ranks a pass holds
+    # collectives, which every rank must reach in the same order.
+    for i, tokens in enumerate([[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]]):
+        ref = make_prompt_cache(model)
+        last = model(mx.array([tokens]), cache=ref)[:, -1, :]
+        mx.eval(last)
+        nxt = mx.argmax(last, axis=-1)
+        expected.append(model(nxt[:, None], cache=ref)[:, -1, :])
+        mx.eval(expected[-1])
+        seq = _ProbeSeq(i)
+        batch.admit(seq, pool.admit(i, tokens, len(tokens) + 1))
+        got = model(mx.array([tokens]), cache=batch.prefill_cache(seq))[:, -1, :]
+        mx.eval(got)
+        batch.advance([seq], len(tokens))
+        batch.join(seq)
+        pairs.append((got, last))
+        firsts.append(nxt)
+    logits = model(mx.concatenate(firsts)[:, None], cache=batch.decode_cache())[:, -1, :]
+    mx.eval(logits)
+    return pairs + [(logits, mx.concatenate(expected))]
 
 
 @dataclass(slots=True)

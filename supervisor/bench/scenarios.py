@@ -117,10 +117,13 @@ async def prefill_stall(target, tokenizer, streams: int = 8, long_tokens: int = 
         done = long.token_times_s[0]
         await asyncio.gather(*tasks)
     before = [g for r in records for a, g in zip(r.token_times_s, r.itls_s()) if a < arrival]
-    during = [g for r in records for a, g in zip(r.token_times_s[1:], r.itls_s())
-              if arrival <= a <= done + 0.5]
+    during = sorted(((g, a - arrival) for r in records
+                     for a, g in zip(r.token_times_s[1:], r.itls_s())
+                     if arrival <= a <= done + 0.5), reverse=True)
     base = statistics.median(before)
-    worst = max(during) if during else 0.0
+    worst = during[0][0] if during else 0.0
     return {"streams": streams, "long_prompt_tokens": long_tokens,
             "prefill_s": done - arrival, "median_itl_before_s": base,
-            "max_gap_during_s": worst, "max_gap_in_itls": worst / base}
+            "max_gap_during_s": worst, "max_gap_in_itls": worst / base,
+            # [gap, when it ended (s after the prompt arrived)]: where the stall comes from
+            "largest_gaps_s": [[round(g, 4), round(at, 3)] for g, at in during[:3]]}
