@@ -181,7 +181,9 @@ class Engine:
         self.memory_bytes = mx.get_active_memory() + mx.get_cache_memory()
 
     def _drain(self, block: bool) -> None:
-        """Take everything in the inbox; wait for the first message only when idle."""
+        """Take what is in the inbox, up to and including one call (a call is side work that
+        shares the turn with a step: two in one turn would hold the streams twice as long);
+        wait for the first message only when idle."""
         try:
             kind, item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
         except queue.Empty:
@@ -198,6 +200,7 @@ class Engine:
                         future.set_result(fn())
                     except Exception as exc:
                         future.set_exception(exc)
+                    return
             try:
                 kind, item = self._inbox.get_nowait()
             except queue.Empty:
@@ -226,17 +229,24 @@ class Engine:
         self.scheduler.add(seq)
 
     def _encode_stage(self) -> None:
-        """One stage of the first image prompt's encoding; all of it when nothing else runs
-        (no stream to keep waiting). A finished (or cancelled) one joins the scheduler."""
+        """Stages of the first image prompt's encoding: all of it when nothing else runs (no
+        stream to keep waiting), else as many as fit in the time a prefill chunk may add to a
+        decode step (the scheduler's `stall_factor` x the decode step), guessing each next
+        stage costs what the last one did; at least one. A finished (or cancelled) one joins
+        the scheduler."""
         seq, stages = self._encoding[0]
+        budget = self.scheduler.config.stall_factor * (self.scheduler.timer.decode_s or 0.0)
+        started = last = time.perf_counter()
         try:
             while True:
                 if seq.cancelled or next(stages, StopIteration) is StopIteration:
                     self._encoding.popleft()
                     self.scheduler.add(seq)  # a cancelled one is reaped there
                     return
-                if self.scheduler.has_work:
+                now = time.perf_counter()
+                if self.scheduler.has_work and (now - started) + (now - last) > budget:
                     return
+                last = now
         except Exception as exc:  # this request fails, not the loop
             log.exception("image encoding failed")
             self._encoding.popleft()

@@ -74,36 +74,50 @@ def p99(values: list[float]) -> float:
     return float(np.percentile(values, 99)) if values else float("nan")
 
 
-def disturb(url: str, args, messages) -> dict:
+def disturb(url: str, args, kinds: dict) -> dict:
     """`args.streams` text streams decoding; once each has 20 tokens, one request of
-    `messages(seed)`: its TTFT and what it did to the streams' inter-token gaps."""
-    runs: dict = {"ttft": [], "before_p99": [], "during_p99": [], "during_max": [],
-                  "base_median": [], "prompt": 0}
+    `kinds[name](seed)`: its TTFT and what it did to the streams' inter-token gaps. The kinds
+    take turns within each repeat, so a slow phase of the machine falls on all of them. A
+    kind of None sends nothing and watches the streams for `args.quiet_s` (the control: the
+    longest gap of a window that long with no new request)."""
+    runs = {name: {"ttft": [], "before_p99": [], "during_p99": [], "during_max": [],
+                   "base_median": [], "max_at": [], "prompt": 0} for name in kinds}
     for rep in range(args.repeats):
-        stamps = [[] for _ in range(args.streams)]
-        threads = [threading.Thread(target=stream_chat, args=(
-            url, [{"role": "user", "content": f"Story {rep} {i}: once upon a time"}],
-            160, stamps[i])) for i in range(args.streams)]
-        for t in threads:
-            t.start()
-        while min(len(s) for s in stamps) < 20:
-            time.sleep(0.01)
-        sent = time.perf_counter()
-        res = stream_chat(url, messages(100 + rep), 8)
-        first = sent + res["ttft"]
-        for t in threads:
-            t.join()
-        gaps_before, gaps_during = [], []
-        for s in stamps:
-            gaps = [(b - a, b) for a, b in zip(s, s[1:])]
-            gaps_before += [g for g, at in gaps if at < sent]
-            gaps_during += [g for g, at in gaps if sent <= at <= first + 0.05]
-        runs["ttft"].append(res["ttft"])
-        runs["prompt"] = res["prompt"]
-        runs["before_p99"].append(p99(gaps_before))
-        runs["during_p99"].append(p99(gaps_during))
-        runs["during_max"].append(max(gaps_during) if gaps_during else float("nan"))
-        runs["base_median"].append(statistics.median(gaps_before))
+        for name, messages in kinds.items():
+            stamps = [[] for _ in range(args.streams)]
+            threads = [threading.Thread(target=stream_chat, args=(
+                url, [{"role": "user", "content": f"Story {name} {rep} {i}: once upon a time"}],
+                160, stamps[i])) for i in range(args.streams)]
+            # Made before the streams start: a noise PNG takes the client tens of ms of CPU,
+            # which would fall inside the window measured below.
+            request = None if messages is None else messages(100 + rep)
+            for t in threads:
+                t.start()
+            while min(len(s) for s in stamps) < 20:
+                time.sleep(0.01)
+            sent = time.perf_counter()
+            if request is None:
+                time.sleep(args.quiet_s)
+                res = {"ttft": args.quiet_s, "prompt": 0}
+            else:
+                res = stream_chat(url, request, 8)
+            first = sent + res["ttft"]
+            for t in threads:
+                t.join()
+            gaps_before, gaps_during = [], []
+            for s in stamps:
+                gaps = [(b - a, b) for a, b in zip(s, s[1:])]
+                gaps_before += [g for g, at in gaps if at < sent]
+                gaps_during += [(g, at) for g, at in gaps if sent <= at <= first + 0.05]
+            run = runs[name]
+            run["ttft"].append(res["ttft"])
+            run["prompt"] = res["prompt"]
+            run["before_p99"].append(p99(gaps_before))
+            run["during_p99"].append(p99([g for g, _ in gaps_during]))
+            worst = max(gaps_during, default=(float("nan"), sent))
+            run["during_max"].append(worst[0])
+            run["max_at"].append(worst[1] - sent)
+            run["base_median"].append(statistics.median(gaps_before))
     return runs
 
 
@@ -112,6 +126,8 @@ def main() -> None:
     ap.add_argument("--image-size", type=int, default=448)
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--quiet-s", type=float, default=0.35,
+                    help="the control's window: about the image's TTFT inside the streams")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-vision-"))
     model = write_random_model(tmp / "vl", "qwen2.5-vl")
@@ -147,7 +163,7 @@ def main() -> None:
         # no run reuses another's prefix)
         same_len = lambda seed: [{"role": "user", "content": f"{seed}:"  # noqa: E731
                                   + " hello" * (warm["prompt"] - 24)}]
-        busy = {"image": disturb(url, args, image_msg), "text": disturb(url, args, same_len)}
+        busy = disturb(url, args, {"image": image_msg, "text": same_len, "none": None})
     finally:
         proc.terminate()
         proc.wait(30)
@@ -171,13 +187,17 @@ def main() -> None:
           f"{med(peer) * 1e3:.0f} ms, ratio {med(alone) / med(peer):.2f}); text prompt of "
           f"{len(QUESTION * 4)} chars alone: {med(text_alone) * 1e3:.0f} ms")
     for kind, runs in busy.items():
-        print(f"{kind} prompt of {runs['prompt']} tokens inside {args.streams} text streams: "
+        what = (f"{kind} prompt of {runs['prompt']} tokens" if kind != "none" else
+                f"no request, {args.quiet_s * 1e3:.0f} ms watched")
+        print(f"{what} inside {args.streams} text streams: "
               f"TTFT {med(runs['ttft']) * 1e3:.0f} ms; the streams' inter-token p99 "
               f"{med(runs['before_p99']) * 1e3:.0f} ms before it, "
               f"{med(runs['during_p99']) * 1e3:.0f} ms while it is read, longest gap "
               f"{med(runs['during_max']) * 1e3:.0f} ms = "
               f"{med(runs['during_max']) / med(runs['base_median']):.1f} median intervals")
-
+        print("    each repeat's longest gap (ms, and when it ended after the request): " +
+              ", ".join(f"{g * 1e3:.0f}@{at * 1e3:.0f}"
+                        for g, at in zip(runs["during_max"], runs["max_at"])))
 
 if __name__ == "__main__":
     main()
