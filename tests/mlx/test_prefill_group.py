@@ -69,3 +69,36 @@ def test_rows_from_a_shared_prefix_in_one_pass_give_mlx_lms_greedy_tokens(model)
                                  waves=[[0], [1, 2, 3]])
     assert shared == [False, True, True, True]
     assert got == [mlx_lm_greedy(model, p, 5) for p in [first] + others]
+
+
+class _Chunk:
+    def __init__(self, name: str, n: int):
+        self.name, self.start, self.end = name, 100, 100 + n
+
+
+def _widths(groups) -> list[list[int]]:
+    return [[c.end - c.start for c in g] for g in groups]
+
+
+def test_passes_bound_the_padding_of_chunks_of_different_widths():
+    from mlxr.runner.model_step import MAX_PADDING, width_groups
+
+    # a chat burst: 14 histories' new turns and one longer chunk
+    chunks = [_Chunk(f"t{i}", 103) for i in range(14)]
+    chunks.insert(11, _Chunk("long", 231))
+    assert _widths(width_groups(chunks)) == [[231], [103] * 14]
+    assert _widths(width_groups([_Chunk("a", 512)] + [_Chunk(str(i), 40) for i in range(3)])) \
+        == [[512], [40, 40, 40]]
+    assert _widths(width_groups([_Chunk("a", 100), _Chunk("b", 128), _Chunk("c", 120)])) \
+        == [[128, 120, 100]]
+    # every chunk in exactly one pass, and no pass over the bound
+    import random
+
+    rng = random.Random(5)
+    for _ in range(200):
+        chunks = [_Chunk(str(i), rng.randint(1, 512)) for i in range(rng.randint(1, 16))]
+        groups = width_groups(chunks)
+        assert sorted(id(c) for g in groups for c in g) == sorted(id(c) for c in chunks)
+        for g in groups:
+            widths = [c.end - c.start for c in g]
+            assert len(g) == 1 or max(widths) * len(g) <= MAX_PADDING * sum(widths)
