@@ -457,3 +457,31 @@ def test_recover_fails_the_growing_sequences_and_the_rest_recompute():
     assert all(s.done_reason == "length" and len(s.output_tokens) == 6 for s in running)
     other = sched.recover(StepPlan(), RuntimeError("a bug"))
     assert other == []
+
+
+def test_a_long_history_mostly_cached_is_not_a_long_prompt():
+    # A chat's next turn resends 400 tokens of which 320 are in the prefix cache: 80 to read,
+    # in one chunk beside a decoding stream, where 400 uncached ones are throttled.
+    pool = KVPool(1 << 12, block_size=16)
+    history = list(range(1000, 1320))
+    assert pool.admit(900, history, len(history)) is not None
+    pool.release(900, history, len(history))  # a finished turn: its blocks stay cached
+    step = FakeModelStep(cached={2: 320})
+    sched = Scheduler(SchedulerConfig(prefill_chunk=512, min_prefill_chunk=16, stall_factor=1.0,
+                                      long_prompt_tokens=300), pool, step.admit, {EOS})
+    sched.add(make_seq(1, 4, max_new=1000))
+    run_step(sched, step)
+    for _ in range(3):
+        plan, _ = run_step(sched, step)
+        sched.observe(plan, 0.040)
+    sched.timer.prefill_token_s = 0.001  # 40 tokens fit in one decode step's time
+    turn = Sequence(seq_id=2, prompt_tokens=history + list(range(1, 81)), options=Options(),
+                    max_new_tokens=5, context_length=1000, shift=True, num_keep=4)
+    sched.add(turn)
+    plan = sched.schedule()
+    assert [(c.seq.seq_id, c.start, c.end) for c in plan.prefills] == [(2, 320, 400)]
+    # the same length with nothing cached is a long prompt: read in timed chunks
+    sched.add(make_seq(3, 400))
+    sched.update(plan, step.run(plan))
+    plan = sched.schedule()
+    assert [(c.seq.seq_id, c.end - c.start) for c in plan.prefills] == [(3, 40)]
