@@ -31,7 +31,8 @@ def main() -> None:
             r = asyncio.run(prefill_stall(RunnerTarget("mlxr-runner", runner.url), tokenizer))
             gaps = ", ".join(f"{g * 1000:.0f} ms at {at:.2f} s" for g, at in r["largest_gaps_s"])
             print(f"interval {r['median_itl_before_s'] * 1000:.1f} ms, prompt read in "
-                  f"{r['prefill_s']:.2f} s, max gap {r['max_gap_in_itls']:.2f} intervals; "
+                  f"{r['prefill_s']:.2f} s, max gap {r['max_gap_in_itls']:.2f} intervals "
+                  f"(no prompt, as long: {r['control_max_gap_in_itls']:.2f}); "
                   f"largest: {gaps}", flush=True)
     finally:
         runner.stop()

@@ -103,9 +103,25 @@ async def single_stream(target, tokenizer, model_dir: Path, blas_path: str,
 async def prefill_stall(target, tokenizer, streams: int = 8, long_tokens: int = 2000,
                         gen_tokens: int = 160) -> dict:
     """While `streams` decode, a `long_tokens` prompt arrives: the longest gap the running
-    streams see, in units of their median inter-token interval before it arrived."""
-    prompts = make_prompts(tokenizer, streams, 32, seed=_fresh_seed())
+    streams see, in units of their median inter-token interval before it arrived. Then the
+    control: the same streams again, watched for as long with no prompt arriving (the
+    longest gap that the machine and the HTTP path give on their own)."""
     long_prompt = make_prompts(tokenizer, 1, long_tokens, seed=_fresh_seed())[0]
+    out = await _stall_round(target, tokenizer, streams, gen_tokens, long_prompt, 0.0)
+    out["prefill_s"] = out.pop("window_s")
+    control = await _stall_round(target, tokenizer, streams, gen_tokens, None,
+                                 out["prefill_s"])
+    out.update(streams=streams, long_prompt_tokens=long_tokens,
+               control_max_gap_in_itls=control["max_gap_in_itls"],
+               control_largest_gaps_s=control["largest_gaps_s"])
+    return out
+
+
+async def _stall_round(target, tokenizer, streams: int, gen_tokens: int, prompt: str | None,
+                       window_s: float) -> dict:
+    """`streams` decoding; once each has 40 tokens, `prompt` (or, with None, `window_s` of
+    waiting): the streams' gaps from then until half a second after its first token."""
+    prompts = make_prompts(tokenizer, streams, 32, seed=_fresh_seed())
     async with httpx.AsyncClient(timeout=600) as client:
         records = [RequestRecord(start_s=time.perf_counter()) for _ in prompts]
         tasks = [asyncio.create_task(target.stream(client, p, gen_tokens, Sampling(), r))
@@ -113,8 +129,11 @@ async def prefill_stall(target, tokenizer, streams: int = 8, long_tokens: int = 
         while min(r.num_tokens for r in records) < 40:
             await asyncio.sleep(0.01)
         arrival = time.perf_counter()
-        long = await _one(target, client, long_prompt, 1)
-        done = long.token_times_s[0]
+        if prompt is None:
+            await asyncio.sleep(window_s)
+            done = time.perf_counter()
+        else:
+            done = (await _one(target, client, prompt, 1)).token_times_s[0]
         await asyncio.gather(*tasks)
     before = [g for r in records for a, g in zip(r.token_times_s, r.itls_s()) if a < arrival]
     during = sorted(((g, a - arrival) for r in records
@@ -122,8 +141,7 @@ async def prefill_stall(target, tokenizer, streams: int = 8, long_tokens: int = 
                      if arrival <= a <= done + 0.5), reverse=True)
     base = statistics.median(before)
     worst = during[0][0] if during else 0.0
-    return {"streams": streams, "long_prompt_tokens": long_tokens,
-            "prefill_s": done - arrival, "median_itl_before_s": base,
-            "max_gap_during_s": worst, "max_gap_in_itls": worst / base,
+    return {"window_s": done - arrival, "median_itl_before_s": base, "max_gap_during_s": worst,
+            "max_gap_in_itls": worst / base,
             # [gap, when it ended (s after the prompt arrived)]: where the stall comes from
             "largest_gaps_s": [[round(g, 4), round(at, 3)] for g, at in during[:3]]}
