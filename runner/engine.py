@@ -71,6 +71,10 @@ class Engine:
         # Rank 0 of a distributed runner: sends each step to the other ranks before running
         # it (runner/distributed/lockstep.py); None for a runner alone.
         self.leader: Any = None
+        # The steps run on the CPU's cores: side work beside them (an image's preparation)
+        # goes through `call`, between two steps, rather than into a thread that takes a
+        # core from them (runner/server.py).
+        self.on_cpu = mx.default_device() == mx.cpu
         # Image prompts whose images are being encoded, a stage per loop turn, before they
         # reach the scheduler: (sequence, its stages), in arrival order.
         self._encoding: collections.deque[tuple[Sequence, Iterator[None]]] = \

@@ -119,16 +119,23 @@ def _encode(engine: Engine, text: str, add_special: bool) -> list[int]:
 
 
 async def _prepare_images(engine: Engine, prompt: str, images: list[str]):
-    """Decode the images, then run the model's processor: each on the engine thread, in a
-    turn of its own between two steps (Engine.call). In a thread beside the steps, on the
-    2-core EPYC, 8 streams' 10 ms decode steps took 40-60 ms while it ran (an engine trace):
-    the thread and the steps' BLAS threads share the two cores, and it needs the interpreter
-    lock the engine thread holds most of the time. Here each part adds its own 8-15 ms to
-    one turn instead."""
-    decoded = await asyncio.wrap_future(engine.call(lambda: [
-        decode_base64_image(data, f"image {i}") for i, data in enumerate(images)]))
-    return await asyncio.wrap_future(engine.call(
-        lambda: engine.loaded.vision.prepare(prompt, decoded)))
+    """Decode the images, then run the model's processor (`_side_work`, each part)."""
+    decoded = await _side_work(engine, lambda: [
+        decode_base64_image(data, f"image {i}") for i, data in enumerate(images)])
+    return await _side_work(engine, lambda: engine.loaded.vision.prepare(prompt, decoded))
+
+
+async def _side_work(engine: Engine, fn):
+    """`fn`'s result, computed where it slows the running streams least. With the model on
+    the CPU: on the engine thread, in a turn of its own between two steps (Engine.call). In
+    a thread beside the steps, on the 2-core EPYC, 8 streams' 10 ms decode steps took 40-60
+    ms while an image was prepared (an engine trace): the thread and the steps' BLAS threads
+    share the cores, and it needs the interpreter lock the engine thread holds most of the
+    time; on the engine thread each part adds its own 8-15 ms to one turn. With the model on
+    a GPU, the steps leave the cores free: a thread of the event loop's executor."""
+    if engine.on_cpu:
+        return await asyncio.wrap_future(engine.call(fn))
+    return await asyncio.get_running_loop().run_in_executor(None, fn)
 
 
 def _check_token_ids(engine: Engine, tokens: list[int]) -> None:

@@ -104,3 +104,28 @@ def test_with_no_stream_waiting_the_whole_encoding_runs_at_once():
     engine._encode_stage()
     assert ran == list(range(30)) and len(engine.scheduler.added) == 1
     assert not engine._encoding
+
+
+def test_side_work_waits_for_the_engine_turn_on_the_cpu_and_uses_a_thread_on_a_gpu():
+    import asyncio
+
+    from mlxr.runner.server import _side_work
+
+    engine = make_engine()
+    assert engine.on_cpu  # the suite's MLX runs on the CPU
+
+    async def run(on_cpu: bool):
+        engine.on_cpu = on_cpu
+        task = asyncio.ensure_future(_side_work(engine, threading.current_thread))
+        await asyncio.sleep(0.05)
+        if on_cpu:
+            assert not task.done()  # queued for the engine loop's next turn
+            turn = threading.Thread(target=engine._drain, args=(False,), name="engine-turn")
+            turn.start()  # the engine loop's turn, on a thread of its own
+            await asyncio.to_thread(turn.join)
+        return await asyncio.wait_for(task, 5)
+
+    engine_turn = asyncio.run(run(True))
+    assert engine_turn.name == "engine-turn"
+    executor = asyncio.run(run(False))
+    assert executor.name.startswith("asyncio")

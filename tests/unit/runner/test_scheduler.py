@@ -361,15 +361,21 @@ def test_a_long_prompt_in_a_burst_keeps_the_chunk_size():
     assert [(c.seq.seq_id, c.end) for c in plan.prefills] == [(0, 30), (1, 30), (2, 4)]
 
 
-def test_short_prompts_are_not_throttled_while_streams_decode():
-    sched, step = make(SchedulerConfig(prefill_chunk=512, min_prefill_chunk=16,
-                                       stall_factor=1.0, long_prompt_tokens=300))
+def stream_decoding_40ms_steps(sched, step) -> None:
+    """One stream decoding, its steps measured at 40 ms, and prefill at 1 ms a token: 40
+    prompt tokens fit in one decode step's time."""
     sched.add(make_seq(1, 4, max_new=1000))
     run_step(sched, step)
     for _ in range(3):
         plan, _ = run_step(sched, step)
         sched.observe(plan, 0.040)
-    sched.timer.prefill_token_s = 0.001  # 40 tokens fit in one decode step's time
+    sched.timer.prefill_token_s = 0.001
+
+
+def test_short_prompts_are_not_throttled_while_streams_decode():
+    sched, step = make(SchedulerConfig(prefill_chunk=512, min_prefill_chunk=16,
+                                       stall_factor=1.0, long_prompt_tokens=300))
+    stream_decoding_40ms_steps(sched, step)
     sched.add(make_seq(2, 200))
     plan = sched.schedule()
     assert chunk_len(plan) == 200, "a short prompt goes in whole"
@@ -469,12 +475,7 @@ def test_a_long_history_mostly_cached_is_not_a_long_prompt():
     step = FakeModelStep(cached={2: 320})
     sched = Scheduler(SchedulerConfig(prefill_chunk=512, min_prefill_chunk=16, stall_factor=1.0,
                                       long_prompt_tokens=300), pool, step.admit, {EOS})
-    sched.add(make_seq(1, 4, max_new=1000))
-    run_step(sched, step)
-    for _ in range(3):
-        plan, _ = run_step(sched, step)
-        sched.observe(plan, 0.040)
-    sched.timer.prefill_token_s = 0.001  # 40 tokens fit in one decode step's time
+    stream_decoding_40ms_steps(sched, step)
     turn = Sequence(seq_id=2, prompt_tokens=history + list(range(1, 81)), options=Options(),
                     max_new_tokens=5, context_length=1000, shift=True, num_keep=4)
     sched.add(turn)
