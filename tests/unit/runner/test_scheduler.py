@@ -486,3 +486,21 @@ def test_a_long_history_mostly_cached_is_not_a_long_prompt():
     sched.update(plan, step.run(plan))
     plan = sched.schedule()
     assert [(c.seq.seq_id, c.end - c.start) for c in plan.prefills] == [(3, 40)]
+
+
+def test_a_burst_starts_in_passes_of_burst_tokens():
+    # sixteen chat turns of 100 new tokens arrive while one stream decodes: half start in
+    # the first step; then the streams decoding outnumber those waiting, and the rest start
+    # `prefill_chunk` tokens a step
+    sched, step = make(SchedulerConfig(max_running=17, prefill_chunk=400,
+                                       step_token_budget=2048, burst_tokens=800))
+    sched.add(make_seq(0, 30, max_new=50))
+    run_step(sched, step)
+    for i in range(1, 17):
+        sched.add(make_seq(i, 100))
+    starts = []
+    for _ in range(3):
+        plan, _ = run_step(sched, step)
+        assert all((c.start, c.end) == (0, 100) for c in plan.prefills)
+        starts.append([c.seq.seq_id for c in plan.prefills])
+    assert starts == [list(range(1, 9)), list(range(9, 13)), list(range(13, 17))]
