@@ -235,11 +235,11 @@ class Engine:
     def _encode_stage(self) -> None:
         """Stages of the first image prompt's encoding: all of it when nothing else runs (no
         stream to keep waiting), else as many as fit in the time a prefill chunk may add to a
-        decode step (the scheduler's `stall_factor` x the decode step), guessing each next
+        decode step (the scheduler's `stall_allowance_s`), guessing each next
         stage costs what the last one did; at least one. A finished (or cancelled) one joins
         the scheduler."""
         seq, stages = self._encoding[0]
-        budget = self.scheduler.config.stall_factor * (self.scheduler.timer.decode_s or 0.0)
+        budget = self.scheduler.stall_allowance_s
         started = last = time.perf_counter()
         try:
             while True:

@@ -214,6 +214,12 @@ class Scheduler:
             allowance -= end - seq.num_computed
         return plan
 
+    @property
+    def stall_allowance_s(self) -> float:
+        """How much time prefill work may add to a step while streams decode: `stall_factor`
+        decode steps (0 before a decode step is measured)."""
+        return self.config.stall_factor * (self.timer.decode_s or 0.0)
+
     def _long_prompt(self, waiting: int = 1) -> bool:
         """Is a long prompt being read (or among the next `waiting` in line)? Judged by the
         whole prompt less its cached prefix, so its last chunks stay throttled too, and a
@@ -234,8 +240,7 @@ class Scheduler:
         size = min(chunk, self.config.step_token_budget - num_decode)
         if num_decode and self._long_prompt():
             context = self.prefilling[0].num_computed if self.prefilling else 0
-            timed = self.timer.chunk_for(self.config.stall_factor * (self.timer.decode_s or 0),
-                                         context)
+            timed = self.timer.chunk_for(self.stall_allowance_s, context)
             if timed is not None:
                 size = min(size, timed)
         return max(size, self.config.min_prefill_chunk)
