@@ -110,11 +110,15 @@ class HostHead:
 
     def project(self, hidden: np.ndarray) -> mx.array:
         """Logits (B, vocab) for float32 hidden states (B, hidden) on the host."""
+        return mx.array(self.host_logits(hidden))
+
+    def host_logits(self, hidden: np.ndarray) -> np.ndarray:
+        """`project`'s logits as a numpy array (no copy into MLX)."""
         rows = np.ascontiguousarray(hidden, dtype=np.float32)
         out = np.empty((rows.shape[0], self.vocab), dtype=np.float32)
         for i in range(rows.shape[0]):
             matvec(self._sgemv, self._matrix, rows[i], out[i])
-        return mx.array(out)
+        return out
 
 
 def matvec(sgemv: Callable[..., None], matrix: np.ndarray, x: np.ndarray,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxr.runner import host_swiglu
@@ -326,6 +327,9 @@ class ModelStep:
             self.kv.advance(self.rows, 1)
             return hidden
         if logits is None:
+            greedy = self._host_greedy(hidden)
+            if greedy is not None:
+                return greedy
             logits = self._head(hidden)
         if self.lockstep:
             mx.eval(logits)
@@ -358,6 +362,21 @@ class ModelStep:
         if host_rows is None:
             return None
         return mx.array(self.host_body(host_rows))
+
+    def _host_greedy(self, hidden: mx.array) -> SampleOutput | None:
+        """The rows' tokens as numpy's argmax of the host head's logits, where that head
+        serves them, the logits need no transform and every row is plain greedy (no
+        penalties, bias, hooks or log-probabilities): the logits never become an MLX array
+        (0.45 ms of an 11 ms token at one stream). `argmax_rows` keeps the same first-index
+        rule for ties. Else None."""
+        if not self._host_head_for(hidden.shape[0]) or self.split.post is not None or \
+                self.lockstep or any(not s.sampler.greedy or s.sampler.needs_processing
+                                     or s.logprobs for s in self.rows):
+            return None
+        logits = self.host_head.host_logits(np.asarray(hidden.astype(mx.float32)))
+        self.kv.advance(self.rows, 1)
+        return SampleOutput(mx.array(logits.argmax(axis=-1).astype(np.int32)), None, None,
+                            None)
 
     def _host_head_for(self, rows: int) -> bool:
         return self.host_head is not None and rows <= HOST_HEAD_MAX_ROWS
