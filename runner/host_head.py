@@ -25,7 +25,7 @@ import numpy as np
 log = logging.getLogger("mlxr.runner")
 
 MAX_ROWS = 2  # per-row sgemv (2.4 ms each) against one sgemm (8-10 ms); at 3 rows a wash
-_ROW_MAJOR, _NO_TRANS = 101, 111
+ROW_MAJOR, NO_TRANS = 101, 111  # cblas_sgemv: row-major, no transpose
 
 
 def openblas_sgemv(library: str | None) -> Callable[..., None] | None:
@@ -126,5 +126,5 @@ def matvec(sgemv: Callable[..., None], matrix: np.ndarray, x: np.ndarray,
     """out = matrix @ x with `cblas_sgemv`: a C-contiguous float32 matrix (rows, cols),
     contiguous float32 vectors."""
     rows, cols = matrix.shape
-    sgemv(_ROW_MAJOR, _NO_TRANS, rows, cols, 1.0, matrix.ctypes.data, cols, x.ctypes.data, 1,
+    sgemv(ROW_MAJOR, NO_TRANS, rows, cols, 1.0, matrix.ctypes.data, cols, x.ctypes.data, 1,
           0.0, out.ctypes.data, 1)

@@ -11,7 +11,7 @@ import pytest
 from mlx_lm.utils import load
 
 from mlxr.runner.architectures import fix_model
-from mlxr.runner.host_body import HostBody
+from mlxr.runner.host_body import HostBody, _Bound
 from mlxr.runner.kv import rows
 from mlxr.runner.kv.pool import KVPool
 from mlxr.runner.model_step import split_model
@@ -85,13 +85,16 @@ def test_the_architectures_it_fits_give_mlx_lms_greedy_tokens(arch, arch_models)
         assert got == [mlx_lm_greedy(model, p, 8) for p in batch]
 
 
-def test_the_products_through_openblas_give_the_same_tokens(arch_models):
-    # the runner preloads OpenBLAS, and the body's products then go through it, as the head's
-    model = arch_models("qwen2")  # with q/k/v biases
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])  # q/k/v biases; none (buffers returned)
+def test_the_products_through_openblas_give_the_same_tokens(arch_models, arch):
+    # the runner preloads OpenBLAS, and the body's products then go through it, as the head's,
+    # each layer bound once (its own output buffers, which each product overwrites)
+    model = arch_models(arch)
     library = probed_blas()
     assert library is not None
     body = HostBody.find(model, library)
     assert body is not None and body._project._sgemv is not None
+    assert all(isinstance(layer.gate, _Bound) for layer in body.layers)
     prompts = [[(5 * i + 2) % 400 + 2 for i in range(n)] for n in (30, 61)]
     got, _, _ = host_greedy(model, body, prompts, steps=8)
     assert got == [mlx_lm_greedy(model, p, 8) for p in prompts]
