@@ -334,9 +334,15 @@ def test_short_prompts_arriving_together_prefill_in_one_step():
     assert all(s.output_tokens == [7] for s in touched)
     plan = sched.schedule()
     assert plan.decode == seqs[:8]
-    # streams decode now: the chunk allowance again
+    # streams decode now, but the burst goes on until its prompts have all started
     assert [(c.seq.seq_id, c.start, c.end) for c in plan.prefills] == \
-        [(8, 16, 30), (9, 0, 30), (10, 0, 20)]
+        [(8, 16, 30), (9, 0, 30), (10, 0, 30), (11, 0, 30)]
+    sched.update(plan, step.run(plan))
+    sched.add(make_seq(12, 30))
+    sched.add(make_seq(13, 30))
+    plan = sched.schedule()  # a later arrival beside twelve streams: the chunk allowance
+    assert [(c.seq.seq_id, c.start, c.end) for c in plan.prefills] == \
+        [(12, 0, 30), (13, 0, 30)]
 
 
 def test_a_burst_larger_than_the_decoding_batch_starts_in_one_step():
@@ -490,8 +496,8 @@ def test_a_long_history_mostly_cached_is_not_a_long_prompt():
 
 def test_a_burst_starts_in_passes_of_burst_tokens():
     # sixteen chat turns of 100 new tokens arrive while one stream decodes: half start in
-    # the first step; then the streams decoding outnumber those waiting, and the rest start
-    # `prefill_chunk` tokens a step
+    # the first step; then the streams decoding outnumber those waiting, and the rest still
+    # start in one pass of `burst_tokens`, not `prefill_chunk` tokens a step
     sched, step = make(SchedulerConfig(max_running=17, prefill_chunk=400,
                                        step_token_budget=2048, burst_tokens=800))
     sched.add(make_seq(0, 30, max_new=50))
@@ -503,4 +509,4 @@ def test_a_burst_starts_in_passes_of_burst_tokens():
         plan, _ = run_step(sched, step)
         assert all((c.start, c.end) == (0, 100) for c in plan.prefills)
         starts.append([c.seq.seq_id for c in plan.prefills])
-    assert starts == [list(range(1, 9)), list(range(9, 13)), list(range(13, 17))]
+    assert starts == [list(range(1, 9)), list(range(9, 17)), []]
