@@ -9,10 +9,9 @@ Invariants:
   allowance is not used up, so short prompts that arrive together start together.
 - The allowance is `prefill_chunk`, or `burst_tokens` for a burst: more short prompts waiting
   to start than streams decoding (those that fit start in one step, and a burst goes on at
-  `burst_tokens` a step until nothing waits to start, though the streams it started now
-  outnumber the rest). It keeps a step's
-  tokens (decode tokens + prefill chunks) within `step_token_budget`, but never shrinks below
-  `min_prefill_chunk` (no starvation).
+  `burst_tokens` a step until the prompts it left waiting have started, though the streams
+  it started now outnumber them). It keeps a step's tokens (decode tokens + prefill chunks)
+  within `step_token_budget`, but never shrinks below `min_prefill_chunk` (no starvation).
 - While streams decode and a long prompt (over `long_prompt_tokens` left to compute) is being
   read, the allowance is also sized by time: prefill may add at most `stall_factor`
   decode-step times to a step (from measured step times), so running streams see their
@@ -259,9 +258,9 @@ class Scheduler:
         streams 366/314 -> 306/286 ms in back-to-back pairs, docs/PERFORMANCE.md).
 
         A burst goes on while the prompts it left waiting start, though the streams its
-        first pass started outnumber them: sixteen prompts that arrived together (the first one often
-        alone, a step ahead) were read 1,024 + 512 + 512 tokens with a decode pass between,
-        and the last one's first token came 15-20% later than in two passes.
+        first pass started outnumber them: sixteen prompts that arrived together (the first
+        often alone, a step ahead) were read 1,024 + 512 + 512 tokens with a decode pass
+        between, and the last one's first token came 15-20% later than in two passes.
 
         With a long prompt among them the chunk size stays, so that a prompt arriving while
         it is read waits one chunk at most."""
