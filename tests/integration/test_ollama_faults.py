@@ -4,6 +4,7 @@ fake runner (tests/harness/fake_runner.py) so the timing is exact and nothing lo
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -142,7 +143,9 @@ def test_load_failures_carry_the_runner_message(tmp_path, subprocess_env, fake_m
         assert info.value.status_code == 500
         assert ("runner for sigill:latest was killed by SIGILL (illegal instruction) while "
                 "loading; this CPU cannot run an instruction") in info.value.error
-        assert "-4" not in info.value.error
+        # no raw return code (-4) anywhere; the message may name a file such as
+        # openblas-shim-46240df5.so, whose hash can start with "4"
+        assert not re.search(r"(?<![\w-])-4\b", info.value.error), info.value.error
         assert client.ps().models == []
     finally:
         server.stop()
