@@ -3,9 +3,14 @@
 # load-time probes' routes differ there, the MLX tests of the rows and the probes, and
 # `mlxr bench` against mlx_lm.server on a model in Qwen3-0.6B's shape (random bfloat16
 # weights, so no download), with the KV layout as chosen (auto: the padded batch on a GPU) and
-# with the rows forced. docs/PERFORMANCE.md, "On a GPU", has what it printed on an H200.
+# with the rows forced; then the vision benchmark (an image request's time to first token and
+# the text streams' gaps while it is read) and the chat and stall scenarios against
+# mlx_lm.server. docs/PERFORMANCE.md, "On a GPU", has what it printed on an H200.
 #
 #   scripts/gpu_check.sh [OUTPUT_DIR]
+#
+# GPU_SKIP is a space-separated list of parts to leave out (probes tests bench rows vision
+# scenarios); GPU_PART_TIMEOUT bounds each part in seconds (default 300).
 #
 # Needs mlx with its GPU backend, mlx-lm and mlxr importable by `python3` (or $PYTHON), and
 # pytest. Every part runs even when one before it fails; the exit status is the first
@@ -16,7 +21,9 @@ py=${PYTHON:-python3}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 status=0
-note() { printf '\n== %s\n' "$*"; }
+note() { printf '\n== %s (%s s)\n' "$*" "$SECONDS"; }
+want() { case " ${GPU_SKIP:-} " in *" $1 "*) return 1 ;; esac; }
+limit=${GPU_PART_TIMEOUT:-300}
 keep() { [ "$status" = 0 ] && status=$1; }
 
 note "device"
@@ -28,21 +35,42 @@ if mx.default_device() == mx.cpu:
 PY
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 
+if want probes; then
 note "the probes' two routes on this device"
-"$py" "$here/probe_differences.py" 2>&1 | grep -v '^\[transformers\]' || keep $?
+timeout -s INT -k 30 "$limit" "$py" "$here/probe_differences.py" 2>&1 | grep -v '^\[transformers\]' || keep $?
+fi
 
+if want tests; then
 note "tests of the rows and the probes"
 timeout "${GPU_TEST_TIMEOUT:-240}" "$py" -m pytest -q -p no:cacheprovider \
     tests/mlx/test_kv_rows.py tests/mlx/test_logits_match.py tests/mlx/test_batch_cache.py \
     tests/mlx/test_prefill_group.py || keep $?
+fi
 
+if want bench; then
 note "bench: qwen3-0.6b shape, bfloat16, against mlx_lm.server (KV layout auto)"
-"$py" -m mlxr.supervisor.cli bench --model qwen3-0.6b --dtype bfloat16 \
+timeout -s INT -k 30 "$limit" "$py" -m mlxr.supervisor.cli bench --model qwen3-0.6b --dtype bfloat16 \
     --concurrency "${GPU_BENCH_CONCURRENCY:-1,16,64}" --gen-tokens 128 --against mlx_lm \
     --output "$out/auto" || keep $?
+fi
 
+if want rows; then
 note "bench: the same with the rows forced (MLXR_KV_LAYOUT=rows)"
-MLXR_KV_LAYOUT=rows "$py" -m mlxr.supervisor.cli bench --model qwen3-0.6b --dtype bfloat16 \
+MLXR_KV_LAYOUT=rows timeout -s INT -k 30 "$limit" "$py" -m mlxr.supervisor.cli bench --model qwen3-0.6b --dtype bfloat16 \
     --concurrency "${GPU_BENCH_CONCURRENCY:-1,16,64}" --gen-tokens 128 --against "" \
     --output "$out/rows" || keep $?
+fi
+
+if want vision; then
+note "vision: an image request alone and inside 8 text streams, against text of its length"
+timeout -s INT -k 30 "$limit" "$py" "$here/bench_vision.py" --repeats 5 || keep $?
+fi
+if want scenarios; then
+note "bench: the chat and stall scenarios, against mlx_lm.server (KV layout auto)"
+timeout -s INT -k 30 "$limit" "$py" -m mlxr.supervisor.cli bench --model qwen3-0.6b --dtype bfloat16 \
+    --concurrency "" --scenarios chat,stall --scenario-scale 1 --against mlx_lm \
+    --output "$out/scenarios" || keep $?
+fi
+
+note "done"
 exit "$status"

@@ -120,13 +120,15 @@ class VisionModel:
     def encode_stages(self, vp: VisionPrompt) -> Iterator[None]:
         """Encode `vp`'s images a stage at a time (each `next` is one stage's MLX work), so
         the engine runs decode steps between stages: for Qwen2.5-VL a stage is a piece of
-        one block of the image tower (`_qwen25_tower_stages`); other families encode in one
-        stage. The last stage merges the features into the prompt's input embeddings."""
+        one block of the image tower on the CPU, a whole block on a GPU
+        (`_qwen25_tower_stages`); other families encode in one stage. The last stage merges
+        the features into the prompt's input embeddings."""
         import mlx.core as mx
 
         features = None
         if self.family == "qwen2_5_vl":
-            staged = _qwen25_tower_stages(self.vlm.vision_tower, vp, self.host_attention)
+            staged = _qwen25_tower_stages(self.vlm.vision_tower, vp, self.host_attention,
+                                          whole_blocks=mx.default_device() != mx.cpu)
             for features in staged:
                 if features is None:
                     yield
@@ -185,15 +187,21 @@ class VisionModel:
 STAGE_SCORES = 128 * 1024
 
 
-def _qwen25_tower_stages(tower, vp: VisionPrompt, host: bool):
+def _qwen25_tower_stages(tower, vp: VisionPrompt, host: bool, whole_blocks: bool = False):
     """Qwen2.5-VL's image tower (mlx-vlm's modules, run in the order its forward pass runs
     them), yielding None between stages, then the features.
 
     The tower attends within windows in most blocks and over each whole image in the blocks
     `fullatt_block_indexes` names; patches are reordered into windows first (in units of one
     merged token, `spatial_merge_unit` patches) and the merger's output is put back in image
-    order at the end. A block's attention is split by query rows into stages of at most
-    STAGE_SCORES scores, so one large image's full-attention block is no single long stall."""
+    order at the end.
+
+    On the CPU a block's attention is split by query rows into stages of at most STAGE_SCORES
+    scores, so one large image's full-attention block is no single long stall. With
+    `whole_blocks` (a GPU) a stage is one block, its windows attended in one call under a
+    block-diagonal mask: there the cost of a stage is its kernel launches and the wait for its
+    result, not its arithmetic. On an H200 the split tower's stages took 4-10 ms a turn
+    against a 1.9 ms decode step (docs/PERFORMANCE.md, "On a GPU")."""
     import mlx.core as mx
 
     dtype = tower.patch_embed.proj.weight.dtype
@@ -215,15 +223,30 @@ def _qwen25_tower_stages(tower, vp: VisionPrompt, host: bool):
     yield None
     for i, block in enumerate(tower.blocks):
         bounds = images if i in tower.fullatt_block_indexes else windows
-        hidden = yield from _block_stages(block, hidden, bounds, rotary, host)
+        if whole_blocks:
+            hidden = _whole_block(block, hidden, _segment_mask(bounds), rotary)
+            mx.eval(hidden)
+            yield None
+        else:
+            hidden = yield from _block_stages(block, hidden, bounds, rotary, host)
     merged = tower.merger(hidden)
     yield merged[mx.argsort(order, axis=0)]
 
 
-def _block_stages(block, hidden, bounds: list[int], rotary, host: bool):
-    """One vision block (`x + attn(norm1(x))`, then `x + mlp(norm2(x))`) with each segment
-    [bounds[i], bounds[i+1]) attending within itself, in stages; returns the block's output."""
+def _segment_mask(bounds: list[int]):
+    """(n, n) booleans, True where two patches share a segment [bounds[i], bounds[i+1]);
+    None when one segment covers them all."""
     import mlx.core as mx
+
+    if len(bounds) <= 2:
+        return None
+    starts = mx.array(bounds[1:-1], dtype=mx.int32)
+    segment = (mx.arange(bounds[-1], dtype=mx.int32)[:, None] >= starts[None, :]).sum(axis=1)
+    return segment[:, None] == segment[None, :]
+
+
+def _qkv(block, hidden, rotary):
+    """A block's queries, keys and values, (1, heads, n, dim) each, RoPE applied."""
     from mlx_vlm.models.qwen2_5_vl.vision import apply_rotary_pos_emb_vision
 
     attn, n = block.attn, hidden.shape[0]
@@ -231,7 +254,31 @@ def _block_stages(block, hidden, bounds: list[int], rotary, host: bool):
     q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # (n, heads, dim)
     q = apply_rotary_pos_emb_vision(q[None], rotary)[0]
     k = apply_rotary_pos_emb_vision(k[None], rotary)[0]
-    q, k, v = (t.transpose(1, 0, 2)[None] for t in (q, k, v))  # (1, heads, n, dim)
+    return tuple(t.transpose(1, 0, 2)[None] for t in (q, k, v))
+
+
+def _finish_block(block, hidden, out):
+    """The block's output from its attention's, `out` (1, heads, n, dim)."""
+    out = out.transpose(0, 2, 1, 3).reshape(hidden.shape[0], -1)
+    hidden = hidden + block.attn.proj(out)
+    return hidden + block.mlp(block.norm2(hidden))
+
+
+def _whole_block(block, hidden, mask, rotary):
+    """One vision block in one graph, each patch attending within its segment (`mask`)."""
+    import mlx.core as mx
+
+    q, k, v = _qkv(block, hidden, rotary)
+    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=block.attn.scale, mask=mask)
+    return _finish_block(block, hidden, out)
+
+
+def _block_stages(block, hidden, bounds: list[int], rotary, host: bool):
+    """One vision block (`x + attn(norm1(x))`, then `x + mlp(norm2(x))`) with each segment
+    [bounds[i], bounds[i+1]) attending within itself, in stages; returns the block's output."""
+    import mlx.core as mx
+
+    q, k, v = _qkv(block, hidden, rotary)
     mx.eval(q, k, v)
     yield None
     outs, pending = [], 0
@@ -239,15 +286,14 @@ def _block_stages(block, hidden, bounds: list[int], rotary, host: bool):
         rows = max(STAGE_SCORES // max(b - a, 1), 1)
         for s in range(a, b, rows):
             e = min(s + rows, b)
-            outs.append(_attend(q[:, :, s:e], k[:, :, a:b], v[:, :, a:b], attn.scale, host))
+            outs.append(_attend(q[:, :, s:e], k[:, :, a:b], v[:, :, a:b], block.attn.scale,
+                                host))
             pending += (e - s) * (b - a)
             if pending >= STAGE_SCORES:
                 mx.eval(outs)
                 pending = 0
                 yield None
-    out = mx.concatenate(outs, axis=2).transpose(0, 2, 1, 3).reshape(n, -1)
-    hidden = hidden + attn.proj(out)
-    hidden = hidden + block.mlp(block.norm2(hidden))
+    hidden = _finish_block(block, hidden, mx.concatenate(outs, axis=2))
     mx.eval(hidden)
     yield None
     return hidden

@@ -1,0 +1,80 @@
+"""Qwen2.5-VL's image tower run in stages (runner/vision/model.py `_qwen25_tower_stages`): split
+by query rows (the CPU's stages) and a whole block a stage (a GPU's, its windows under one
+block-diagonal mask), each against mlx-vlm's own forward pass of the tower, on the store's
+random Qwen2.5-VL with an image large enough for several attention windows."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxr.runner.vision import model as vision
+from mlxr.shared.images import decode_base64_image
+from mlxr.supervisor.store.random_model import write_random_model
+from tests.harness.images import b64, encoded, noise
+
+SIDE = 224  # 256 patches: 4 windows in the windowed block
+
+
+@pytest.fixture(scope="module")
+def prompt(tmp_path_factory):
+    from mlx_lm import load
+
+    path = write_random_model(tmp_path_factory.mktemp("vl") / "vl", "qwen2.5-vl")
+    cfg_path = path / "preprocessor_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["max_pixels"] = SIDE * SIDE
+    cfg_path.write_text(json.dumps(cfg))
+    text_model, _ = load(str(path))
+    config = json.loads((path / "config.json").read_text())
+    vm = vision.VisionModel(str(path), getattr(text_model, "language_model", text_model),
+                            config)
+    image = decode_base64_image(b64(encoded(noise(3, SIDE, SIDE))))
+    return vm, vm.prepare(f"look: {vm.placeholder}", [image])
+
+
+def run_stages(vm, vp, **kwargs) -> tuple[mx.array, int]:
+    stages = list(vision._qwen25_tower_stages(vm.vlm.vision_tower, vp, False, **kwargs))
+    return stages[-1], len(stages) - 1
+
+
+def reference(vm, vp) -> mx.array:
+    tower = vm.vlm.vision_tower
+    pixels = mx.array(vp.arrays["pixel_values"]).astype(tower.patch_embed.proj.weight.dtype)
+    return tower(pixels, mx.array(vp.arrays["image_grid_thw"]))
+
+
+def test_the_image_has_several_windows_and_a_whole_image_block(prompt):
+    vm, vp = prompt
+    tower = vm.vlm.vision_tower
+    _, bounds = tower.get_window_index(mx.array(vp.arrays["image_grid_thw"]))
+    assert len(set(bounds.tolist())) > 3  # at least three windows to keep apart
+    assert tower.fullatt_block_indexes and len(tower.blocks) > len(tower.fullatt_block_indexes)
+
+
+@pytest.mark.parametrize("whole_blocks", [False, True])
+def test_staged_tower_gives_mlx_vlm_features(prompt, whole_blocks):
+    vm, vp = prompt
+    got, _ = run_stages(vm, vp, whole_blocks=whole_blocks)
+    want = reference(vm, vp)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)
+
+
+def test_whole_blocks_take_one_stage_each(prompt, monkeypatch):
+    vm, vp = prompt
+    monkeypatch.setattr(vision, "STAGE_SCORES", 1024)  # many pieces, had it been split
+    _, whole = run_stages(vm, vp, whole_blocks=True)
+    _, split = run_stages(vm, vp, whole_blocks=False)
+    assert whole == 1 + len(vm.vlm.vision_tower.blocks)  # the set-up, then each block
+    assert split > 2 * whole
+
+
+def test_segment_mask_keeps_each_segment_to_itself():
+    mask = np.array(vision._segment_mask([0, 2, 5, 6]))
+    segment = np.array([0, 0, 1, 1, 1, 2])
+    assert (mask == (segment[:, None] == segment[None, :])).all()
+    assert vision._segment_mask([0, 6]) is None
