@@ -181,12 +181,12 @@ _COMPILERS_LOCK = threading.Lock()
 
 
 def compiler_for(tokenizer: Any, vocab_size: int) -> GrammarCompiler:
-    """The cached compiler for an mlx-lm TokenizerWrapper (built on first use)."""
+    """The cached compiler for a model's tokenizer (runner/tokenizer.py; built on first
+    use)."""
     with _COMPILERS_LOCK:
         compiler = _COMPILERS.get(tokenizer)
         if compiler is None:
-            hf = getattr(tokenizer, "_tokenizer", tokenizer)
-            backend = getattr(hf, "backend_tokenizer", None)
+            backend = tokenizer.backend
             if backend is None:
                 raise InvalidRequest("structured output needs a fast (tokenizers) tokenizer")
             compiler = GrammarCompiler.from_hf(backend, vocab_size, list(tokenizer.eos_token_ids))

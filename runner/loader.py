@@ -41,7 +41,7 @@ ADAPTER_DIR = ".adapter"  # the store's ADAPTER_DIR (the runner imports nothing 
 @dataclass(slots=True)
 class LoadedModel:
     model: Any
-    tokenizer: Any  # mlx_lm TokenizerWrapper, or the encoder's tokenizer
+    tokenizer: Any  # runner/tokenizer.py's Tokenizer, or the encoder's tokenizer
     max_context: int
     bytes_per_token: int
     vocab_size: int
@@ -73,11 +73,13 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     # A file changed since create (or never checked: pulled) fails here, before MLX reads it.
     check_model_dir(Path(config.model_dir))
     import mlx.core as mx
-    from mlx_lm.utils import load
+    from mlx_lm.utils import load_adapters
+    from mlx_lm.utils import load_model as read_model
 
     from mlxr.runner.architectures import fix_model
     from mlxr.runner.embed.embeddings import LMEmbedder, is_encoder_dir, load_encoder_embedder
     from mlxr.runner.model_step import ModelStep
+    from mlxr.runner.tokenizer import load_tokenizer
     from mlxr.runner.vision.model import load_vision
     from mlxr.runner.weights import float32_on_cpu
     from mlxr.shared.vision import vision_family
@@ -88,10 +90,12 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
                            ["embedding"], emb)
     adapter = Path(config.model_dir) / ADAPTER_DIR
     adapter_path = str(adapter) if (adapter / "adapter_config.json").is_file() else None
-    model, tokenizer, model_config = load(config.model_dir, adapter_path=adapter_path,
-                                          return_config=True, lazy=group is not None)
+    model, model_config = read_model(Path(config.model_dir), lazy=group is not None)
     if adapter_path:
+        model = load_adapters(model, adapter_path)
+        model.eval()
         log.info("applied the LoRA adapter in %s", adapter_path)
+    tokenizer = load_tokenizer(config.model_dir, model_config, model)
     vision = None
     how = ""
     if group is not None:
@@ -121,7 +125,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     fix_model(model, model_config)
     on_progress(0.9)
     max_context = int(model_config.get("max_position_embeddings")
-                      or getattr(tokenizer, "model_max_length", 0) or 1 << 20)
+                      or tokenizer.model_max_length or 1 << 20)
     token_text = fast_decode(tokenizer, skip_special=False)
     step = ModelStep(model, config.prefix_cache_bytes, lambda token: token_text([token]),
                      rows=rows_layout(config.kv_layout, mx.default_device() == mx.cpu),
@@ -135,7 +139,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
              if step.host_head is not None else "MLX")
     log.info("decode body: %s", "numpy for 1-2 rows" if step.host_body is not None else "MLX")
     bytes_per_token = _kv_figures(model)[0]
-    vocab_size = int(model_config.get("vocab_size") or len(tokenizer._tokenizer))
+    vocab_size = int(model_config.get("vocab_size") or len(tokenizer))
     if group is not None and step.split.body is None:
         raise UnsupportedModel("a sharded model must split into body and head")
     # (a sharded model has no embeddings: only the step's forward passes reach every rank)

@@ -80,7 +80,7 @@ class TextStream:
 
 def fast_decode(tokenizer, skip_special: bool) -> Decode:
     """The Rust tokenizer's decode when there is one (no Python overhead per call)."""
-    inner = getattr(getattr(tokenizer, "_tokenizer", None), "_tokenizer", None)
+    inner = getattr(tokenizer, "backend", None)
     if inner is not None and hasattr(inner, "decode"):
         return lambda ids: inner.decode(ids, skip_special_tokens=skip_special)
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special)

@@ -87,12 +87,14 @@ def pytest_collection_modifyitems(items) -> None:
 
 _TIER_SECONDS: dict[str, float] = collections.defaultdict(float)
 _TIER_COUNTS: dict[str, int] = collections.defaultdict(int)
+_FILE_SECONDS: dict[str, float] = collections.defaultdict(float)
 
 
 def pytest_runtest_logreport(report) -> None:
     parts = report.nodeid.split("/")
     tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
     _TIER_SECONDS[tier] += report.duration  # setup, call and teardown all count
+    _FILE_SECONDS[report.nodeid.split("::")[0]] += report.duration
     if report.when == "call":
         _TIER_COUNTS[tier] += 1
 
@@ -102,3 +104,6 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line("time per tier: " + ", ".join(
             f"{tier} {_TIER_COUNTS[tier]} tests {seconds:.1f} s"
             for tier, seconds in sorted(_TIER_SECONDS.items())))
+        slowest = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:10]
+        terminalreporter.write_line("slowest files: " + ", ".join(
+            f"{Path(name).name} {seconds:.0f} s" for name, seconds in slowest))

@@ -224,7 +224,7 @@ class LMEmbedder:
 
     model: Any
     body: Any
-    tokenizer: Any  # mlx_lm TokenizerWrapper
+    tokenizer: Any  # runner/tokenizer.py's Tokenizer
     max_length: int
     dim: int
     vocab_size: int

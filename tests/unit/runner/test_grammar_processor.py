@@ -11,6 +11,7 @@ import pytest
 import tokenizers
 
 from mlxr.runner.grammar import GrammarCompiler, GrammarProcessor, compiler_for, grammar_text
+from mlxr.runner.tokenizer import Tokenizer
 from mlxr.shared.assets import write_qwen3_tokenizer
 from mlxr.shared.errors import InvalidRequest
 
@@ -158,14 +159,11 @@ def test_compiled_grammars_are_cached_and_copied(compiler, backend):
 
 
 def test_compiler_is_built_once_per_tokenizer(backend):
-    class Hf:  # the shape of mlx-lm's TokenizerWrapper around a fast HF tokenizer
+    class Hf:  # a fast transformers tokenizer
         backend_tokenizer = backend
+        eos_token_id = 151645
 
-    class Wrapper:
-        _tokenizer = Hf()
-        eos_token_ids = {151645, 151643}
-
-    wrapper = Wrapper()
+    wrapper = Tokenizer(Hf(), {151645, 151643})
     built: list[GrammarCompiler] = []
     threads = [threading.Thread(target=lambda: built.append(compiler_for(wrapper, VOCAB)))
                for _ in range(3)]
