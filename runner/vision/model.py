@@ -6,11 +6,11 @@ batch like any other; this module gives an image prompt what the text model cann
   `prepare_inputs`, so tokens and pixels match mlx-vlm's own generation) on the prompt and
   the decoded images: the prompt's ids with each image placeholder expanded to the image's
   tokens, the pixel arrays, and `cache_tokens` for the KV pool (below).
-- `encode_stages` (engine thread): the image tower, a stage at a time (one block of
-  Qwen2.5-VL's tower), so the engine runs decode steps between stages and an image's encoding
-  stalls running streams no longer than a block (runner/engine.py runs it before the
-  sequence reaches the scheduler). A prompt whose images are all in the reused KV prefix
-  never runs it.
+- `encode_stages` (engine thread): the image tower, a stage at a time (on the CPU a piece of
+  one block of Qwen2.5-VL's or Gemma 3's tower, on a GPU a whole block), so the engine runs
+  decode steps between stages and an image's encoding stalls running streams no longer than
+  a stage (runner/engine.py runs it before the sequence reaches the scheduler). A prompt
+  whose images are all in the reused KV prefix never runs it.
 - `prefill_inputs` (engine thread): for one prefill chunk, the input embeddings (the vision
   tower's features at image positions, mlx-vlm's `get_input_embeddings`) and, for
   multimodal-RoPE families, the chunk's three position streams (runner/vision/mrope.py).
@@ -119,19 +119,22 @@ class VisionModel:
     # -- engine thread ---------------------------------------------------------------------
     def encode_stages(self, vp: VisionPrompt) -> Iterator[None]:
         """Encode `vp`'s images a stage at a time (each `next` is one stage's MLX work), so
-        the engine runs decode steps between stages: for Qwen2.5-VL a stage is a piece of
-        one block of the image tower on the CPU, a whole block on a GPU
-        (`_qwen25_tower_stages`); other families encode in one stage. The last stage merges
-        the features into the prompt's input embeddings."""
+        the engine runs decode steps between stages: for Qwen2.5-VL and Gemma 3 a stage is a
+        piece of one block of the image tower on the CPU, a whole block on a GPU
+        (`_qwen25_tower_stages`, `_siglip_tower_stages`); Qwen2-VL encodes in one stage. The
+        last stage merges the features into the prompt's input embeddings."""
         import mlx.core as mx
 
-        features = None
+        features, staged = None, ()
+        on_gpu = mx.default_device() != mx.cpu
         if self.family == "qwen2_5_vl":
             staged = _qwen25_tower_stages(self.vlm.vision_tower, vp, self.host_attention,
-                                          whole_blocks=mx.default_device() != mx.cpu)
-            for features in staged:
-                if features is None:
-                    yield
+                                          whole_blocks=on_gpu)
+        elif self.family == "gemma3":
+            staged = _siglip_tower_stages(self.vlm, vp, self.host_attention, whole_layers=on_gpu)
+        for features in staged:
+            if features is None:
+                yield
         ids = mx.array([vp.tokens], dtype=mx.int32)
         extra = {"mask" if k == "attention_mask" else k: mx.array(v)
                  for k, v in vp.arrays.items() if k != "pixel_values"}
@@ -294,6 +297,65 @@ def _block_stages(block, hidden, bounds: list[int], rotary, host: bool):
                 pending = 0
                 yield None
     hidden = _finish_block(block, hidden, mx.concatenate(outs, axis=2))
+    mx.eval(hidden)
+    yield None
+    return hidden
+
+
+def _siglip_tower_stages(vlm, vp: VisionPrompt, host: bool, whole_layers: bool = False):
+    """Gemma 3's image tower (mlx-vlm's SigLIP modules, in the order its forward pass runs
+    them: the patch embeddings, each encoder layer, the last norm, then the projector), yielding
+    None between stages, then the features. Each image's patches attend over all of that
+    image's patches; on the CPU a layer's attention is split by query rows into stages of at
+    most STAGE_SCORES scores (a real Gemma 3 image is 4,096 patches: 16M scores a head in each
+    of 27 layers), on a GPU (`whole_layers`) a stage is one layer."""
+    import mlx.core as mx
+
+    tower = vlm.vision_tower.vision_model
+    # The dtype mlx-vlm's get_input_embeddings gives the pixels: its token embeddings'.
+    dtype = vlm.language_model.model.embed_tokens(mx.array([0])).dtype
+    pixels = mx.array(vp.arrays["pixel_values"]).transpose(0, 2, 3, 1).astype(dtype)
+    hidden = tower.embeddings(pixels)
+    mx.eval(hidden)
+    yield None
+    for layer in tower.encoder.layers:
+        if whole_layers:
+            hidden = layer(hidden)
+            mx.eval(hidden)
+            yield None
+        else:
+            hidden = yield from _siglip_layer_stages(layer, hidden, host)
+    yield vlm.multi_modal_projector(tower.post_layernorm(hidden))
+
+
+def _siglip_layer_stages(layer, hidden, host: bool):
+    """One SigLIP encoder layer (`x + attn(norm1(x))`, then `x + mlp(norm2(x))`) over
+    `hidden` (images, patches, dims), in stages; returns the layer's output."""
+    import mlx.core as mx
+
+    attn = layer.self_attn
+    images, n, _ = hidden.shape
+    x = layer.layer_norm1(hidden)
+    q, k, v = (proj(x).reshape(images, n, attn.num_heads, -1).transpose(0, 2, 1, 3)
+               for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    mx.eval(q, k, v)
+    yield None
+    rows = max(STAGE_SCORES // n, 1)
+    per_image, pending = [], 0
+    for i in range(images):
+        outs = []
+        for s in range(0, n, rows):
+            e = min(s + rows, n)
+            outs.append(_attend(q[i:i + 1, :, s:e], k[i:i + 1], v[i:i + 1], attn.scale, host))
+            pending += (e - s) * n
+            if pending >= STAGE_SCORES:
+                mx.eval(outs)
+                pending = 0
+                yield None
+        per_image.append(mx.concatenate(outs, axis=2))
+    out = mx.concatenate(per_image, axis=0).transpose(0, 2, 1, 3).reshape(images, n, -1)
+    hidden = hidden + attn.out_proj(out)
+    hidden = hidden + layer.mlp(layer.layer_norm2(hidden))
     mx.eval(hidden)
     yield None
     return hidden

@@ -1,7 +1,8 @@
-"""Qwen2.5-VL's image tower run in stages (runner/vision/model.py `_qwen25_tower_stages`): split
-by query rows (the CPU's stages) and a whole block a stage (a GPU's, its windows under one
-block-diagonal mask), each against mlx-vlm's own forward pass of the tower, on the store's
-random Qwen2.5-VL with an image large enough for several attention windows."""
+"""Image towers run in stages (runner/vision/model.py): split by query rows (the CPU's stages)
+and a whole block a stage (a GPU's), each against mlx-vlm's own forward pass of the tower.
+Qwen2.5-VL (`_qwen25_tower_stages`, its windows under one block-diagonal mask on a GPU) on the
+store's random model with an image large enough for several attention windows; Gemma 3's
+SigLIP tower (`_siglip_tower_stages`) with its projector."""
 
 from __future__ import annotations
 
@@ -71,6 +72,49 @@ def test_whole_blocks_take_one_stage_each(prompt, monkeypatch):
     _, split = run_stages(vm, vp, whole_blocks=False)
     assert whole == 1 + len(vm.vlm.vision_tower.blocks)  # the set-up, then each block
     assert split > 2 * whole
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    from mlx_lm import load
+
+    path = write_random_model(tmp_path_factory.mktemp("g3") / "g3", "gemma3-vision")
+    text_model, _ = load(str(path))
+    config = json.loads((path / "config.json").read_text())
+    vm = vision.VisionModel(str(path), getattr(text_model, "language_model", text_model),
+                            config)
+    images = [decode_base64_image(b64(encoded(noise(seed, 64, 48)))) for seed in (1, 2)]
+    return vm, vm.prepare(f"one {vm.placeholder} two {vm.placeholder}", images)
+
+
+def siglip_stages(vm, vp, **kwargs) -> tuple[mx.array, int]:
+    stages = list(vision._siglip_tower_stages(vm.vlm, vp, False, **kwargs))
+    return stages[-1], len(stages) - 1
+
+
+@pytest.mark.parametrize("whole_layers", [False, True])
+def test_staged_siglip_tower_gives_mlx_vlm_features(gemma, whole_layers):
+    vm, vp = gemma
+    pixels = mx.array(vp.arrays["pixel_values"])
+    assert pixels.shape[0] == 2  # two images, attended each on its own
+    got, _ = siglip_stages(vm, vp, whole_layers=whole_layers)
+    hidden, _, _ = vm.vlm.vision_tower(pixels.transpose(0, 2, 3, 1), output_hidden_states=True)
+    want = vm.vlm.multi_modal_projector(hidden)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)
+
+
+def test_siglip_layers_split_by_query_rows_on_the_cpu(gemma, monkeypatch):
+    vm, vp = gemma
+    layers = len(vm.vlm.vision_tower.vision_model.encoder.layers)
+    _, whole = siglip_stages(vm, vp, whole_layers=True)
+    assert whole == 1 + layers
+    n = vm.vlm.vision_tower.vision_model.embeddings(
+        mx.array(vp.arrays["pixel_values"][:1]).transpose(0, 2, 3, 1)).shape[1]
+    monkeypatch.setattr(vision, "STAGE_SCORES", 4 * n)  # four query rows a stage
+    _, split = siglip_stages(vm, vp, whole_layers=False)
+    pieces = 2 * -(-n // 4)  # both images' attention, four rows a piece
+    assert split == 1 + layers * (2 + pieces)  # each layer: projections, pieces, the rest
 
 
 def test_segment_mask_keeps_each_segment_to_itself():
