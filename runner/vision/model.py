@@ -7,7 +7,7 @@ batch like any other; this module gives an image prompt what the text model cann
   the decoded images: the prompt's ids with each image placeholder expanded to the image's
   tokens, the pixel arrays, and `cache_tokens` for the KV pool (below).
 - `encode_stages` (engine thread): the image tower, a stage at a time (on the CPU a piece of
-  one block of Qwen2.5-VL's or Gemma 3's tower, on a GPU a whole block), so the engine runs
+  one block of the image tower, on a GPU a whole block), so the engine runs
   decode steps between stages and an image's encoding stalls running streams no longer than
   a stage (runner/engine.py runs it before the sequence reaches the scheduler). A prompt
   whose images are all in the reused KV prefix never runs it.
@@ -119,19 +119,19 @@ class VisionModel:
     # -- engine thread ---------------------------------------------------------------------
     def encode_stages(self, vp: VisionPrompt) -> Iterator[None]:
         """Encode `vp`'s images a stage at a time (each `next` is one stage's MLX work), so
-        the engine runs decode steps between stages: for Qwen2.5-VL and Gemma 3 a stage is a
-        piece of one block of the image tower on the CPU, a whole block on a GPU
-        (`_qwen25_tower_stages`, `_siglip_tower_stages`); Qwen2-VL encodes in one stage. The
-        last stage merges the features into the prompt's input embeddings."""
+        the engine runs decode steps between stages: a stage is a piece of one block of the
+        image tower on the CPU, a whole block on a GPU (`_qwen_tower_stages`,
+        `_siglip_tower_stages`). The last stage merges the features into the prompt's input
+        embeddings."""
         import mlx.core as mx
 
-        features, staged = None, ()
         on_gpu = mx.default_device() != mx.cpu
-        if self.family == "qwen2_5_vl":
-            staged = _qwen25_tower_stages(self.vlm.vision_tower, vp, self.host_attention,
-                                          whole_blocks=on_gpu)
-        elif self.family == "gemma3":
+        if self.family == "gemma3":
             staged = _siglip_tower_stages(self.vlm, vp, self.host_attention, whole_layers=on_gpu)
+        else:  # qwen2_5_vl, qwen2_vl
+            staged = _qwen_tower_stages(self.vlm.vision_tower, vp, self.host_attention,
+                                        whole_blocks=on_gpu)
+        features = None
         for features in staged:
             if features is None:
                 yield
@@ -190,14 +190,15 @@ class VisionModel:
 STAGE_SCORES = 128 * 1024
 
 
-def _qwen25_tower_stages(tower, vp: VisionPrompt, host: bool, whole_blocks: bool = False):
-    """Qwen2.5-VL's image tower (mlx-vlm's modules, run in the order its forward pass runs
-    them), yielding None between stages, then the features.
+def _qwen_tower_stages(tower, vp: VisionPrompt, host: bool, whole_blocks: bool = False):
+    """Qwen2.5-VL's or Qwen2-VL's image tower (mlx-vlm's modules, run in the order its forward
+    pass runs them), yielding None between stages, then the features.
 
-    The tower attends within windows in most blocks and over each whole image in the blocks
-    `fullatt_block_indexes` names; patches are reordered into windows first (in units of one
-    merged token, `spatial_merge_unit` patches) and the merger's output is put back in image
-    order at the end.
+    Qwen2-VL's blocks each attend over each whole image (each frame). Qwen2.5-VL's attend
+    within windows in most blocks and over each whole image in the blocks
+    `fullatt_block_indexes` names; its patches are reordered into windows first (in units of
+    one merged token, `spatial_merge_unit` patches) and the merger's output is put back in
+    image order at the end.
 
     On the CPU a block's attention is split by query rows into stages of at most STAGE_SCORES
     scores, so one large image's full-attention block is no single long stall. With
@@ -211,21 +212,25 @@ def _qwen25_tower_stages(tower, vp: VisionPrompt, host: bool, whole_blocks: bool
     grid = mx.array(vp.arrays["image_grid_thw"])
     hidden = tower.patch_embed(mx.array(vp.arrays["pixel_values"]).astype(dtype))
     rotary = tower.rot_pos_emb(grid)
-    order, window_bounds = tower.get_window_index(grid)
-    windows: list[int] = []
-    for b in window_bounds.tolist():  # empty windows repeat a bound: keep each once
-        if b not in windows:
-            windows.append(b)
-    unit, n = tower.spatial_merge_unit, hidden.shape[0]
-    hidden = hidden.reshape(n // unit, unit, -1)[order].reshape(n, -1)
-    rotary = rotary.reshape(n // unit, unit, -1)[order].reshape(n, -1)
     frames = [(int(h) * int(w), int(t)) for t, h, w in grid.tolist()]
     images = [0] + list(itertools.accumulate(size for size, count in frames
                                              for _ in range(count)))
+    windowed = hasattr(tower, "get_window_index")  # Qwen2.5-VL
+    order, windows, whole_image_blocks = None, images, range(len(tower.blocks))
+    if windowed:
+        order, window_bounds = tower.get_window_index(grid)
+        windows = []
+        for b in window_bounds.tolist():  # empty windows repeat a bound: keep each once
+            if b not in windows:
+                windows.append(b)
+        unit, n = tower.spatial_merge_unit, hidden.shape[0]
+        hidden = hidden.reshape(n // unit, unit, -1)[order].reshape(n, -1)
+        rotary = rotary.reshape(n // unit, unit, -1)[order].reshape(n, -1)
+        whole_image_blocks = tower.fullatt_block_indexes
     mx.eval(hidden, rotary)
     yield None
     for i, block in enumerate(tower.blocks):
-        bounds = images if i in tower.fullatt_block_indexes else windows
+        bounds = images if i in whole_image_blocks else windows
         if whole_blocks:
             hidden = _whole_block(block, hidden, _segment_mask(bounds), rotary)
             mx.eval(hidden)
@@ -233,7 +238,7 @@ def _qwen25_tower_stages(tower, vp: VisionPrompt, host: bool, whole_blocks: bool
         else:
             hidden = yield from _block_stages(block, hidden, bounds, rotary, host)
     merged = tower.merger(hidden)
-    yield merged[mx.argsort(order, axis=0)]
+    yield merged if order is None else merged[mx.argsort(order, axis=0)]
 
 
 def _segment_mask(bounds: list[int]):

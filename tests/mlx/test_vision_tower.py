@@ -1,8 +1,8 @@
 """Image towers run in stages (runner/vision/model.py): split by query rows (the CPU's stages)
 and a whole block a stage (a GPU's), each against mlx-vlm's own forward pass of the tower.
-Qwen2.5-VL (`_qwen25_tower_stages`, its windows under one block-diagonal mask on a GPU) on the
-store's random model with an image large enough for several attention windows; Gemma 3's
-SigLIP tower (`_siglip_tower_stages`) with its projector."""
+Qwen2.5-VL and Qwen2-VL (`_qwen_tower_stages`; Qwen2.5-VL's windows under one block-diagonal
+mask on a GPU) on the store's random models with an image large enough for several attention
+windows; Gemma 3's SigLIP tower (`_siglip_tower_stages`) with its projector."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from tests.harness.images import b64, encoded, noise
 SIDE = 224  # 256 patches: 4 windows in the windowed block
 
 
-@pytest.fixture(scope="module")
-def prompt(tmp_path_factory):
+@pytest.fixture(scope="module", params=["qwen2.5-vl", "qwen2-vl"])
+def prompt(request, tmp_path_factory):
     from mlx_lm import load
 
-    path = write_random_model(tmp_path_factory.mktemp("vl") / "vl", "qwen2.5-vl")
+    path = write_random_model(tmp_path_factory.mktemp("vl") / "vl", request.param)
     cfg_path = path / "preprocessor_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["max_pixels"] = SIDE * SIDE
@@ -38,7 +38,7 @@ def prompt(tmp_path_factory):
 
 
 def run_stages(vm, vp, **kwargs) -> tuple[mx.array, int]:
-    stages = list(vision._qwen25_tower_stages(vm.vlm.vision_tower, vp, False, **kwargs))
+    stages = list(vision._qwen_tower_stages(vm.vlm.vision_tower, vp, False, **kwargs))
     return stages[-1], len(stages) - 1
 
 
@@ -48,9 +48,12 @@ def reference(vm, vp) -> mx.array:
     return tower(pixels, mx.array(vp.arrays["image_grid_thw"]))
 
 
-def test_the_image_has_several_windows_and_a_whole_image_block(prompt):
+def test_the_image_spans_several_windows_or_is_attended_whole(prompt):
     vm, vp = prompt
     tower = vm.vlm.vision_tower
+    if vm.family == "qwen2_vl":  # every block attends over the whole image
+        assert not hasattr(tower, "get_window_index") and len(tower.blocks) > 1
+        return
     _, bounds = tower.get_window_index(mx.array(vp.arrays["image_grid_thw"]))
     assert len(set(bounds.tolist())) > 3  # at least three windows to keep apart
     assert tower.fullatt_block_indexes and len(tower.blocks) > len(tower.fullatt_block_indexes)
