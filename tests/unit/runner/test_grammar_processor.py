@@ -161,7 +161,6 @@ def test_compiled_grammars_are_cached_and_copied(compiler, backend):
 def test_compiler_is_built_once_per_tokenizer(backend):
     class Hf:  # a fast transformers tokenizer
         backend_tokenizer = backend
-        eos_token_id = 151645
 
     wrapper = Tokenizer(Hf(), {151645, 151643})
     built: list[GrammarCompiler] = []
