@@ -203,8 +203,8 @@ def _qwen_tower_stages(tower, vp: VisionPrompt, host: bool, whole_blocks: bool =
     On the CPU a block's attention is split by query rows into stages of at most STAGE_SCORES
     scores, so one large image's full-attention block is no single long stall. With
     `whole_blocks` (a GPU) a stage is one block, its windows attended in one call under a
-    block-diagonal mask: there the cost of a stage is its kernel launches and the wait for its
-    result, not its arithmetic. On an H200 the split tower's stages took 4-10 ms a turn
+    block-diagonal mask (up to MASKED_PATCHES patches): there the cost of a stage is its
+    kernel launches and the wait for its result, not its arithmetic. On an H200 the split tower's stages took 4-10 ms a turn
     against a 1.9 ms decode step (docs/PERFORMANCE.md, "On a GPU")."""
     import mlx.core as mx
 
@@ -232,7 +232,7 @@ def _qwen_tower_stages(tower, vp: VisionPrompt, host: bool, whole_blocks: bool =
     for i, block in enumerate(tower.blocks):
         bounds = images if i in whole_image_blocks else windows
         if whole_blocks:
-            hidden = _whole_block(block, hidden, _segment_mask(bounds), rotary)
+            hidden = _whole_block(block, hidden, bounds, rotary)
             mx.eval(hidden)
             yield None
         else:
@@ -272,12 +272,29 @@ def _finish_block(block, hidden, out):
     return hidden + block.mlp(block.norm2(hidden))
 
 
-def _whole_block(block, hidden, mask, rotary):
-    """One vision block in one graph, each patch attending within its segment (`mask`)."""
+# The most patches whose windows are attended in one call under a block-diagonal mask; past
+# it each window gets its own call. A mask (and, where the attention does not fuse, the
+# scores) grows with the square of the patches: a 16K-patch image's would be 268M entries a
+# head.
+MASKED_PATCHES = 2048
+
+
+def _whole_block(block, hidden, bounds: list[int], rotary):
+    """One vision block in one graph, each segment [bounds[i], bounds[i+1]) of patches
+    attending within itself: in one call (under a block-diagonal mask when there are several
+    segments and at most MASKED_PATCHES patches), else a call a segment."""
     import mlx.core as mx
 
     q, k, v = _qkv(block, hidden, rotary)
-    out = mx.fast.scaled_dot_product_attention(q, k, v, scale=block.attn.scale, mask=mask)
+    scale = block.attn.scale
+    if len(bounds) <= 2 or bounds[-1] <= MASKED_PATCHES:
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale,
+                                                   mask=_segment_mask(bounds))
+    else:
+        out = mx.concatenate([
+            mx.fast.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b],
+                                                 scale=scale)
+            for a, b in zip(bounds, bounds[1:])], axis=2)
     return _finish_block(block, hidden, out)
 
 

@@ -59,9 +59,10 @@ def test_the_image_spans_several_windows_or_is_attended_whole(prompt):
     assert tower.fullatt_block_indexes and len(tower.blocks) > len(tower.fullatt_block_indexes)
 
 
-@pytest.mark.parametrize("whole_blocks", [False, True])
-def test_staged_tower_gives_mlx_vlm_features(prompt, whole_blocks):
+@pytest.mark.parametrize("whole_blocks,masked", [(False, 0), (True, 4096), (True, 16)])
+def test_staged_tower_gives_mlx_vlm_features(prompt, whole_blocks, masked, monkeypatch):
     vm, vp = prompt
+    monkeypatch.setattr(vision, "MASKED_PATCHES", masked)  # 16: a call a window
     got, _ = run_stages(vm, vp, whole_blocks=whole_blocks)
     want = reference(vm, vp)
     assert got.shape == want.shape
