@@ -215,9 +215,8 @@ def _qwen_tower_stages(tower, vp: VisionPrompt, host: bool, whole_blocks: bool =
     frames = [(int(h) * int(w), int(t)) for t, h, w in grid.tolist()]
     images = [0] + list(itertools.accumulate(size for size, count in frames
                                              for _ in range(count)))
-    windowed = hasattr(tower, "get_window_index")  # Qwen2.5-VL
     order, windows, whole_image_blocks = None, images, range(len(tower.blocks))
-    if windowed:
+    if hasattr(tower, "get_window_index"):  # Qwen2.5-VL
         order, window_bounds = tower.get_window_index(grid)
         windows = []
         for b in window_bounds.tolist():  # empty windows repeat a bound: keep each once
@@ -227,12 +226,14 @@ def _qwen_tower_stages(tower, vp: VisionPrompt, host: bool, whole_blocks: bool =
         hidden = hidden.reshape(n // unit, unit, -1)[order].reshape(n, -1)
         rotary = rotary.reshape(n // unit, unit, -1)[order].reshape(n, -1)
         whole_image_blocks = tower.fullatt_block_indexes
+    # A GPU's masks, made once for all the blocks that attend over the same segments.
+    masks = {id(b): _segment_mask(b) for b in (images, windows)} if whole_blocks else {}
     mx.eval(hidden, rotary)
     yield None
     for i, block in enumerate(tower.blocks):
         bounds = images if i in whole_image_blocks else windows
         if whole_blocks:
-            hidden = _whole_block(block, hidden, bounds, rotary)
+            hidden = _whole_block(block, hidden, bounds, masks[id(bounds)], rotary)
             mx.eval(hidden)
             yield None
         else:
@@ -241,12 +242,19 @@ def _qwen_tower_stages(tower, vp: VisionPrompt, host: bool, whole_blocks: bool =
     yield merged if order is None else merged[mx.argsort(order, axis=0)]
 
 
+# The most patches whose windows are attended in one call under a block-diagonal mask; past
+# it each window gets its own call. A mask (and, where the attention does not fuse, the
+# scores) grows with the square of the patches: a 16K-patch image's would be 268M entries a
+# head.
+MASKED_PATCHES = 2048
+
+
 def _segment_mask(bounds: list[int]):
     """(n, n) booleans, True where two patches share a segment [bounds[i], bounds[i+1]);
-    None when one segment covers them all."""
+    None when one segment covers them all, or past MASKED_PATCHES patches."""
     import mlx.core as mx
 
-    if len(bounds) <= 2:
+    if len(bounds) <= 2 or bounds[-1] > MASKED_PATCHES:
         return None
     starts = mx.array(bounds[1:-1], dtype=mx.int32)
     segment = (mx.arange(bounds[-1], dtype=mx.int32)[:, None] >= starts[None, :]).sum(axis=1)
@@ -272,24 +280,16 @@ def _finish_block(block, hidden, out):
     return hidden + block.mlp(block.norm2(hidden))
 
 
-# The most patches whose windows are attended in one call under a block-diagonal mask; past
-# it each window gets its own call. A mask (and, where the attention does not fuse, the
-# scores) grows with the square of the patches: a 16K-patch image's would be 268M entries a
-# head.
-MASKED_PATCHES = 2048
-
-
-def _whole_block(block, hidden, bounds: list[int], rotary):
+def _whole_block(block, hidden, bounds: list[int], mask, rotary):
     """One vision block in one graph, each segment [bounds[i], bounds[i+1]) of patches
-    attending within itself: in one call (under a block-diagonal mask when there are several
-    segments and at most MASKED_PATCHES patches), else a call a segment."""
+    attending within itself: in one call (one segment, or several under `mask`, their
+    `_segment_mask`), else a call a segment."""
     import mlx.core as mx
 
     q, k, v = _qkv(block, hidden, rotary)
     scale = block.attn.scale
-    if len(bounds) <= 2 or bounds[-1] <= MASKED_PATCHES:
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale,
-                                                   mask=_segment_mask(bounds))
+    if len(bounds) <= 2 or mask is not None:
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     else:
         out = mx.concatenate([
             mx.fast.scaled_dot_product_attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b],

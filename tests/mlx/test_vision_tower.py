@@ -126,3 +126,5 @@ def test_segment_mask_keeps_each_segment_to_itself():
     segment = np.array([0, 0, 1, 1, 1, 2])
     assert (mask == (segment[:, None] == segment[None, :])).all()
     assert vision._segment_mask([0, 6]) is None
+    past = vision.MASKED_PATCHES + 1  # too many patches for a mask: a call a window instead
+    assert vision._segment_mask([0, 2, past]) is None
