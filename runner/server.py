@@ -29,6 +29,12 @@ from mlxr.runner.think_budget import ThinkBudget
 log = logging.getLogger("mlxr.runner")
 
 MAX_BODY_BYTES = 64 << 20
+# A prompt up to this many characters is encoded on the event loop (about 1.3 ms at 2,048
+# with the Qwen3 tokenizer on the 2-core EPYC), not in an executor thread: under a running
+# batch, the hop to the thread and back (the interpreter lock, shared with the engine thread)
+# made a request's arrival to its submission 4.0 ms at the median and 15.5 at p90 (16-prompt
+# bursts into a busy runner); inline, 1.1 and 5.1 ms.
+INLINE_ENCODE_CHARS = 2048
 ENGINE = web.AppKey("engine", Engine)
 TOKEN_CHECK = web.AppKey("token_check", TokenCheck)
 UNAUTHORIZED = Unauthorized("missing or wrong runner token")
@@ -168,8 +174,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
         tokens = list(vision.tokens)
     elif req.prompt:
         add_special = req.add_special if req.add_special is not None else not tokens
-        tokens += await asyncio.get_running_loop().run_in_executor(
-            None, _encode, engine, req.prompt, add_special)
+        if len(req.prompt) <= INLINE_ENCODE_CHARS:
+            tokens += _encode(engine, req.prompt, add_special)
+        else:
+            tokens += await asyncio.get_running_loop().run_in_executor(
+                None, _encode, engine, req.prompt, add_special)
     if not tokens:
         raise InvalidRequest("prompt is empty")
     _check_token_ids(engine, tokens)

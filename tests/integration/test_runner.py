@@ -233,7 +233,12 @@ def test_logprobs_and_tokenize_roundtrip(runner):
 def test_prompt_tokens_are_the_ids_tokenizing_first_gives(runner):
     """What the supervisor sends for Ollama's `context` (the prompt as text, the given context
     as `tokens`, `add_special` explicit) makes the same ids, and so the same output, as
-    tokenizing with /v1/tokenize first and sending the ids; the final line carries them."""
+    tokenizing with /v1/tokenize first and sending the ids; the final line carries them. A
+    short prompt is encoded on the runner's event loop, a long one in a thread: both."""
+    from mlxr.runner.server import INLINE_ENCODE_CHARS
+
+    long_text = sentence(random.Random(5), INLINE_ENCODE_CHARS // 4)
+    assert len(long_text) > INLINE_ENCODE_CHARS
     def lines(body: dict) -> list[dict]:
         resp = httpx.post(runner + "/v1/completions", json={**body, "options": greedy(6)},
                           timeout=60)
@@ -247,7 +252,7 @@ def test_prompt_tokens_are_the_ids_tokenizing_first_gives(runner):
 
     context: list[int] = []
     for text, add_special in (("Why is the sky blue?", True), ("Why is the sky blue?", False),
-                              ("And at night?", False)):
+                              ("And at night?", False), (long_text, False)):
         ids = context + tokenize(text, add_special and not context)
         by_ids = lines({"tokens": ids})
         by_text = lines({"tokens": context or None, "prompt": text,
