@@ -15,6 +15,11 @@ Invariants:
 - A blob is removed only when no manifest names it and no operation in this process has pinned
   it (a create or pull between writing its blobs and its manifest). When any manifest cannot
   be read, garbage collection removes nothing.
+- Records, parsed manifests and runner directories are kept in memory between requests
+  (reading a model was about a quarter of the supervisor's CPU per request): a record for as
+  long as its manifest file has the same inode, modification time and size (manifests are
+  replaced by rename, never rewritten in place), a parsed manifest and a runner directory
+  under the manifest's digest (its content). Records and manifests are shared: read-only.
 """
 
 from __future__ import annotations
@@ -92,6 +97,11 @@ class Store:
         self._pins: collections.Counter[str] = collections.Counter()
         self._pins_lock = threading.Lock()
         self.inflight: dict[str, Any] = {}  # shared in-flight pulls (see transfer.py)
+        # manifest file -> ((inode, mtime_ns, size), record); manifest digest -> parsed
+        # manifest, and -> verified runner directory
+        self._records: dict[Path, tuple[tuple[int, int, int], ModelRecord]] = {}
+        self._manifests: dict[str, Manifest] = {}
+        self._runner_dirs: dict[str, Path] = {}
 
     # ----- reading -----------------------------------------------------------------------
     def manifest_file(self, name: ModelName) -> Path | None:
@@ -135,6 +145,16 @@ class Store:
                 yield path
 
     def _record(self, path: Path) -> ModelRecord:
+        st = path.stat()
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = self._records.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        record = self._read_record(path, st.st_mtime)
+        _bounded(self._records)[path] = (key, record)
+        return record
+
+    def _read_record(self, path: Path, mtime: float) -> ModelRecord:
         rel = PurePosixPath(path.relative_to(self.manifests_dir).as_posix())
         parsed = name_from_manifest_path(rel)
         if parsed is None:
@@ -154,7 +174,7 @@ class Store:
         caps = config.get("capabilities")
         return ModelRecord(
             name=parsed.display, digest=mf_digest(data), size=m.total_size,
-            modified_at=datetime.fromtimestamp(path.stat().st_mtime).astimezone(),
+            modified_at=datetime.fromtimestamp(mtime).astimezone(),
             manifest=json.loads(data), config=config,
             template=(texts[mf.MEDIA_TEMPLATE] or [None])[-1],
             system=(texts[mf.MEDIA_SYSTEM] or [None])[-1],
@@ -177,7 +197,12 @@ class Store:
         return value if isinstance(value, type(default)) else default
 
     def manifest_of(self, record: ModelRecord) -> Manifest:
-        return Manifest.from_bytes(json.dumps(record.manifest).encode())
+        """The record's manifest, parsed (shared: read-only)."""
+        m = self._manifests.get(record.digest)
+        if m is None:
+            m = Manifest.from_bytes(json.dumps(record.manifest).encode())
+            _bounded(self._manifests)[record.digest] = m
+        return m
 
     # ----- files for the runner ---------------------------------------------------------
     def gguf_source(self, record: ModelRecord) -> str | None:
@@ -201,11 +226,14 @@ class Store:
         if not any(x.name.endswith(".safetensors") for x in files):
             raise InvalidRequest(f'model "{record.name}" has no safetensors weights; '
                                  f'its format is {record.config.get("model_format") or "unknown"}')
+        final = self.runners_dir / record.digest
+        if self._runner_dirs.get(record.digest) == final and final.is_dir():
+            return final
         links = [(x, x.name) for x in files]
         links += [(x, f"{ADAPTER_DIR}/{x.name}") for x in m.adapters()]
-        final = self.runners_dir / record.digest
         if final.is_dir():
             if all((final / name).exists() for _, name in links):
+                _bounded(self._runner_dirs)[record.digest] = final
                 return final
             shutil.rmtree(final, ignore_errors=True)  # left over from an older version
         self.runners_dir.mkdir(parents=True, exist_ok=True)
@@ -228,6 +256,7 @@ class Store:
                     raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        _bounded(self._runner_dirs)[record.digest] = final
         return final
 
     # ----- writing -----------------------------------------------------------------------
@@ -358,3 +387,11 @@ class Store:
 def mf_digest(data: bytes) -> str:
     """A model's digest: the sha256 of its manifest bytes (64 hex digits)."""
     return hashlib.sha256(data).hexdigest()
+
+
+def _bounded(cache: dict, limit: int = 256) -> dict:
+    """`cache`, emptied first when it holds `limit` entries (the store's in-memory caches
+    hold one entry a model, so this only bounds a store with very many)."""
+    if len(cache) >= limit:
+        cache.clear()
+    return cache

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -134,6 +135,29 @@ def test_replacing_a_model_collects_its_old_layers(store, tmp_path):
     second = blob_names(store)
     assert len(first) == len(second) and len(first - second) == 2  # system + config blob
 
+
+
+def test_a_read_model_is_kept_until_its_manifest_changes(store, tmp_path):
+    """The store keeps what it read of a model between requests; another writer's new
+    manifest (another process: another Store on the same root), a deleted model and a
+    removed runner directory are all seen at the next read."""
+    src = make_hf_dir(tmp_path / "src")
+    create(store, {"model": "demo", "from": str(src), "system": "one"})
+    first = store.resolve("demo")
+    assert store.resolve("demo") is first
+    assert store.manifest_of(first) is store.manifest_of(first)
+    other = Store(store.root)
+    create(other, {"model": "demo", "from": str(src), "system": "two"})
+    second = store.resolve("demo")
+    assert second.system == "two" and second.digest != first.digest
+    assert [x.name for x in store.list()] == ["demo:latest"]
+    run = store.runner_dir(second)
+    assert store.runner_dir(second) == run
+    shutil.rmtree(store.runners_dir)
+    assert store.runner_dir(second) == run and (run / "model.safetensors").is_file()
+    other.delete("demo")
+    with pytest.raises(ModelNotFound):
+        store.resolve("demo")
 
 @pytest.mark.parametrize("body, error, fragment", [
     ({"model": "x", "from": "nope"}, ModelNotFound, 'model "nope" not found'),
