@@ -239,6 +239,7 @@ def test_prompt_tokens_are_the_ids_tokenizing_first_gives(runner):
 
     long_text = sentence(random.Random(5), INLINE_ENCODE_CHARS // 4)
     assert len(long_text) > INLINE_ENCODE_CHARS
+
     def lines(body: dict) -> list[dict]:
         resp = httpx.post(runner + "/v1/completions", json={**body, "options": greedy(6)},
                           timeout=60)

@@ -136,7 +136,6 @@ def test_replacing_a_model_collects_its_old_layers(store, tmp_path):
     assert len(first) == len(second) and len(first - second) == 2  # system + config blob
 
 
-
 def test_a_read_model_is_kept_until_its_manifest_changes(store, tmp_path):
     """The store keeps what it read of a model between requests; another writer's new
     manifest (another process: another Store on the same root), a deleted model and a
