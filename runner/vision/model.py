@@ -204,8 +204,9 @@ def _qwen_tower_stages(tower, vp: VisionPrompt, host: bool, whole_blocks: bool =
     scores, so one large image's full-attention block is no single long stall. With
     `whole_blocks` (a GPU) a stage is one block, its windows attended in one call under a
     block-diagonal mask (up to MASKED_PATCHES patches): there the cost of a stage is its
-    kernel launches and the wait for its result, not its arithmetic. On an H200 the split tower's stages took 4-10 ms a turn
-    against a 1.9 ms decode step (docs/PERFORMANCE.md, "On a GPU")."""
+    kernel launches and the wait for its result, not its arithmetic. On an H200 the split
+    tower's stages took 4-10 ms a turn against a 1.9 ms decode step (docs/PERFORMANCE.md, "On
+    a GPU")."""
     import mlx.core as mx
 
     dtype = tower.patch_embed.proj.weight.dtype
