@@ -138,6 +138,7 @@ async def chat(s: Served, tokenizer, scale: float, seed: int = 19, users: int = 
     warm: dict[int, list[float]] = {k + 1: [] for k in range(turns)}
     cold: dict[int, list[float]] = {k + 1: [] for k in range(1, turns)}
     records: list[RequestRecord] = []
+    replies: list[list[int]] = [[] for _ in range(users)]  # each warm reply's token count
 
     async def user(client, u: int, send_cold: bool) -> None:
         for k in range(1 if send_cold else 0, turns):
@@ -151,6 +152,7 @@ async def chat(s: Served, tokenizer, scale: float, seed: int = 19, users: int = 
             if not send_cold:
                 convs[u].turns[k].reply = record.text
                 records.append(record)
+                replies[u].append(record.num_tokens)
 
     with traffic.RssSampler(s.pid, s.include_root) as rss:
         async with _client() as client:
@@ -158,8 +160,14 @@ async def chat(s: Served, tokenizer, scale: float, seed: int = 19, users: int = 
             await asyncio.gather(*[user(client, u, False) for u in range(users)])
             wall = time.perf_counter() - start
             await asyncio.gather(*[user(client, u, True) for u in range(users)])
+    shares: dict[int, list[float]] = {k + 1: [] for k in range(1, turns)}
+    for u in range(users):  # counted after the run, so that no turn waits for it
+        counts = [len(tokenizer.encode(convs[u].prompt(k)).ids) for k in range(len(replies[u]))]
+        for k in range(1, len(counts)):
+            shares[k + 1].append(traffic.new_token_share(counts[k], counts[k - 1],
+                                                         replies[u][k - 1]))
     out = traffic.traffic_summary(records, wall)
-    out.update(peak_rss_bytes=rss.peak_bytes, per_turn=traffic.per_turn_table(warm, cold),
+    out.update(peak_rss_bytes=rss.peak_bytes, per_turn=traffic.per_turn_table(warm, cold, shares),
                question_tokens=q_tokens, reply_tokens=reply_tokens)
     return out
 

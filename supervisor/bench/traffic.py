@@ -98,9 +98,20 @@ class Conversation:
         return "".join(parts)
 
 
-def per_turn_table(ttfts: dict[int, list[float]], cold: dict[int, list[float]]) -> list[dict]:
+def new_token_share(prompt_tokens: int, earlier_prompt_tokens: int, reply_tokens: int) -> float:
+    """The share of a turn's prompt that no earlier turn held: what is left to read when the
+    earlier prompt and its reply are cached. Reading costs about the same per token warm or
+    cold, so warm/cold cannot go much below it."""
+    if prompt_tokens <= 0:
+        return math.nan
+    return max(0, prompt_tokens - earlier_prompt_tokens - reply_tokens) / prompt_tokens
+
+
+def per_turn_table(ttfts: dict[int, list[float]], cold: dict[int, list[float]],
+                   shares: dict[int, list[float]] | None = None) -> list[dict]:
     """One row per turn number (1-based): warm TTFT p50/p99 and, where the turn was also
-    sent cold, the cold p50 and warm/cold of the medians."""
+    sent cold, the cold p50 and warm/cold of the medians; the median new-token share where
+    `shares` has the turn."""
     rows = []
     for turn in sorted(ttfts):
         warm = ttfts[turn]
@@ -109,6 +120,8 @@ def per_turn_table(ttfts: dict[int, list[float]], cold: dict[int, list[float]]) 
         if cold.get(turn):
             row["cold_ttft_p50_s"] = percentile(cold[turn], 50)
             row["warm_over_cold"] = row["warm_ttft_p50_s"] / row["cold_ttft_p50_s"]
+        if shares and shares.get(turn):
+            row["new_token_share"] = percentile(shares[turn], 50)
         rows.append(row)
     return rows
 
@@ -227,19 +240,22 @@ def scenario_table(name: str, figures: dict[str, dict]) -> str:
 
 
 def per_turn_markdown(figures: dict[str, dict]) -> str:
-    """TTFT by turn number, warm and cold medians for every target."""
+    """TTFT by turn number, warm and cold medians for every target, and the share of the
+    prompt that is new (about the least warm/cold can be)."""
     names = list(figures)
-    head = "| turn |" + "".join(f" {n} warm p50 | {n} cold p50 | {n} warm/cold |" for n in names)
-    lines = [head, "|---" * (1 + 3 * len(names)) + "|"]
+    head = "| turn |" + "".join(f" {n} warm p50 | {n} cold p50 | {n} warm/cold | {n} new share |"
+                                for n in names)
+    lines = [head, "|---" * (1 + 4 * len(names)) + "|"]
     tables = {n: {row["turn"]: row for row in figures[n].get("per_turn", [])} for n in names}
     for turn in sorted({t for rows in tables.values() for t in rows}):
         line = f"| {turn} |"
         for n in names:
             row = tables[n].get(turn, {})
-            ratio = row.get("warm_over_cold")
+            ratio, share = row.get("warm_over_cold"), row.get("new_token_share")
             line += (f" {_cell(row.get('warm_ttft_p50_s'), 1000, ' ms')} |"
                      f" {_cell(row.get('cold_ttft_p50_s'), 1000, ' ms')} |"
-                     f" {'n/a' if ratio is None else f'{ratio:.2f}'} |")
+                     f" {'n/a' if ratio is None else f'{ratio:.2f}'} |"
+                     f" {'n/a' if share is None else f'{share:.2f}'} |")
         lines.append(line)
     return "\n".join(lines)
 

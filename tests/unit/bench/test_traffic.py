@@ -73,6 +73,17 @@ def test_per_turn_table_medians_and_warm_over_cold():
     assert rows[0]["warm_ttft_p50_s"] == pytest.approx(0.7) and "cold_ttft_p50_s" not in rows[0]
     assert rows[1]["warm_ttft_p99_s"] == pytest.approx(0.1 + 0.2 * 0.99)
     assert rows[1]["warm_over_cold"] == pytest.approx(0.2 / 0.8)
+    assert "new_token_share" not in rows[1]
+    shared = traffic.per_turn_table(warm, cold, {2: [0.3, 0.1, 0.2]})
+    assert shared[1]["new_token_share"] == pytest.approx(0.2)
+    assert "new_token_share" not in shared[0]
+
+
+def test_new_token_share_is_what_the_earlier_prompt_and_reply_leave():
+    # Turn 2: 331 tokens, of which the 100-token first prompt and its 128-token reply were cached.
+    assert traffic.new_token_share(331, 100, 128) == pytest.approx(103 / 331)
+    assert traffic.new_token_share(200, 150, 128) == 0.0  # a re-tokenized reply ran over
+    assert math.isnan(traffic.new_token_share(0, 0, 0))
 
 
 def test_traffic_summary_on_hand_made_timestamps():
@@ -103,10 +114,11 @@ def test_tables_show_ratios_and_n_a_for_figures_a_peer_lacks():
     table = traffic.scenario_table("long", figures)
     assert "| short ITL p99 alone | 20.0 ms | 40.0 ms | 0.50x |" in table
     assert "| peak kv_bytes (cached blocks too) | 2.0 MiB | n/a | n/a |" in table
-    chat = {"mlxr": {"per_turn": traffic.per_turn_table({1: [0.4], 2: [0.1]}, {2: [0.5]})}}
+    chat = {"mlxr": {"per_turn": traffic.per_turn_table({1: [0.4], 2: [0.1]}, {2: [0.5]},
+                                                        {2: [0.31]})}}
     turns = traffic.per_turn_markdown(chat)
-    assert "| 1 | 400.0 ms | n/a | n/a |" in turns
-    assert "| 2 | 100.0 ms | 500.0 ms | 0.20 |" in turns
+    assert "| 1 | 400.0 ms | n/a | n/a | n/a |" in turns
+    assert "| 2 | 100.0 ms | 500.0 ms | 0.20 | 0.31 |" in turns
 
 
 def test_rss_sampler_sees_this_process():
