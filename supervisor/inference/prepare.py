@@ -67,7 +67,48 @@ def with_image_marks(messages: list[dict[str, Any]], renderer: Any,
             if m.get("images") else m for m in messages]
 
 
-def prepare_chat(req: ChatRequest, record: Any, store: Any, context_length: int) -> Prepared:
+@dataclass(slots=True)
+class ChatPlan:
+    """A chat request checked, with what its prompt is made from: the part of preparing it
+    that reads the store. `finish` does the rest."""
+
+    req: ChatRequest
+    record: Any
+    runner_dir: Path
+    renderer: Renderer
+    messages: list[dict[str, Any]]
+    options: Options
+    fmt: Any
+    think: bool | str | None
+    context_length: int
+
+    @property
+    def text_chars(self) -> int:
+        return sum(len(m.get("content") or "") for m in self.messages
+                   if isinstance(m.get("content"), str))
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        return self.renderer.chat(messages, self.req.tools or None, self.think)
+
+    def finish(self) -> Prepared:
+        """Truncation (which may encode the whole prompt) and the prompt itself: no store, so
+        a long chat can be finished off the event loop."""
+        messages, renderer = self.messages, self.renderer
+        if self.req.truncate:
+            messages = fit_messages(messages, self.render,
+                                    self.options.num_ctx or self.context_length,
+                                    self.runner_dir, renderer.add_special)
+        prompt = self.render(with_image_marks(messages, renderer, self.runner_dir))
+        parser = output_parser(renderer, prompt, self.think,
+                               _tool_parser(self.req, renderer, self.fmt))
+        return Prepared(self.record, self.runner_dir, prompt, self.options, parser,
+                        format=self.fmt,
+                        format_after=_format_after(renderer, prompt, self.think, self.fmt),
+                        think_end=_format_after(renderer, prompt, self.think, True),
+                        images=[x for m in messages for x in m.get("images") or []])
+
+
+def plan_chat(req: ChatRequest, record: Any, store: Any, context_length: int) -> ChatPlan:
     caps = capabilities(record)
     check_capabilities(req.model, caps, "chat", tools=bool(req.tools),
                        images=any(m.get("images") for m in req.messages))
@@ -84,18 +125,14 @@ def prepare_chat(req: ChatRequest, record: Any, store: Any, context_length: int)
     if record.system and req.messages[0].get("role") != "system":
         messages.insert(0, {"role": "system", "content": record.system})
     runner_dir = store.runner_dir(record)
-    renderer = renderer_for(runner_dir, record.template, tools=bool(req.tools))
-    options = merge_options(record, req.options, context_length)
-    render = lambda msgs: renderer.chat(msgs, req.tools or None, think)  # noqa: E731
-    if req.truncate:
-        messages = fit_messages(messages, render, options.num_ctx or context_length,
-                                runner_dir, renderer.add_special)
-    prompt = render(with_image_marks(messages, renderer, runner_dir))
-    parser = output_parser(renderer, prompt, think, _tool_parser(req, renderer, fmt))
-    return Prepared(record, runner_dir, prompt, options, parser, format=fmt,
-                    format_after=_format_after(renderer, prompt, think, fmt),
-                    think_end=_format_after(renderer, prompt, think, True),
-                    images=[x for m in messages for x in m.get("images") or []])
+    return ChatPlan(req, record, runner_dir, renderer_for(runner_dir, record.template,
+                                                          tools=bool(req.tools)),
+                    messages, merge_options(record, req.options, context_length), fmt, think,
+                    context_length)
+
+
+def prepare_chat(req: ChatRequest, record: Any, store: Any, context_length: int) -> Prepared:
+    return plan_chat(req, record, store, context_length).finish()
 
 
 def prepare_generate(req: GenerateRequest, record: Any, store: Any,

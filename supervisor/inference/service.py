@@ -10,6 +10,7 @@ an error line or event.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import sys
 import time
@@ -21,7 +22,7 @@ from mlxr.shared.errors import InvalidRequest
 from mlxr.shared.protocol import CompletionRequest, EmbedRequest, EmbedResponse, Options
 from mlxr.supervisor.inference.images import ready_images
 from mlxr.supervisor.inference.prepare import (Prepared, capabilities, merge_options,
-                                               prepare_chat, prepare_generate)
+                                               plan_chat, prepare_generate)
 from mlxr.supervisor.inference.tool_calls import OutputParser
 from mlxr.supervisor.inference.types import (ChatRequest, Completion, Delta, EmbedCall,
                                              EmbedResult, Final, GenerateRequest, RunningModel)
@@ -32,6 +33,8 @@ from mlxr.supervisor.runners.manager import Lease, LoadSpec, RunnerManager
 from mlxr.supervisor.store.conversions import ensure_converted
 from mlxr.supervisor.store.store import model_details
 
+# A chat with more text than this is finished off the event loop (`Service._prepare_chat`).
+OFF_LOOP_CHARS = 4096
 FOREVER_S = 2**63 / 1e9  # what Ollama shows for a negative keep_alive: the largest duration
 
 
@@ -92,7 +95,7 @@ class Service:
         keep_alive = self._keep_alive(req.keep_alive_s)
         if not req.messages:
             return await self._load_or_unload(req.model, record, keep_alive, started, req.options)
-        p = prepare_chat(req, record, self.store, self.settings.context_length)
+        p = await self._prepare_chat(req, record)
         return await self._start(req.model, p, keep_alive, started, logprobs=req.logprobs,
                                  top_logprobs=req.top_logprobs, shift=req.shift,
                                  think_budget=req.think_budget)
@@ -113,8 +116,16 @@ class Service:
         """The prompt a chat request would send (Ollama's `_debug_render_only`)."""
         if not req.messages:
             return ""
-        return prepare_chat(req, await self.resolve(req.model), self.store,
-                            self.settings.context_length).prompt
+        return (await self._prepare_chat(req, await self.resolve(req.model))).prompt
+
+    async def _prepare_chat(self, req: ChatRequest, record: Any) -> Prepared:
+        """A long chat's prompt is finished in a thread: its truncation check may encode the
+        whole prompt (about 4 us a token; the tokenizer lets go of the interpreter lock),
+        which on the event loop would hold up every stream the supervisor relays."""
+        plan = plan_chat(req, record, self.store, self.settings.context_length)
+        if plan.text_chars < OFF_LOOP_CHARS:
+            return plan.finish()
+        return await asyncio.to_thread(plan.finish)
 
     async def render_generate(self, req: GenerateRequest) -> str:
         p = prepare_generate(req, await self.resolve(req.model), self.store,
@@ -143,8 +154,7 @@ class Service:
     async def count_tokens(self, req: ChatRequest) -> int:
         """The tokens of the prompt a chat request renders to, by the model runner's own
         tokenizer: what `prompt_eval_count` reports when the same request runs."""
-        p = prepare_chat(req, await self.resolve(req.model), self.store,
-                         self.settings.context_length)
+        p = await self._prepare_chat(req, await self.resolve(req.model))
         lease = await self.manager.acquire(self._spec(p.record, p.runner_dir, p.options),
                                            self._keep_alive(req.keep_alive_s))
         try:

@@ -11,7 +11,7 @@ from mlxr.shared.errors import InvalidRequest
 from mlxr.supervisor.inference.options import check_options
 from mlxr.supervisor.inference.prepare import resolve_think
 from mlxr.supervisor.inference.prompt import GoRenderer, JinjaRenderer
-from mlxr.supervisor.inference.truncate import fit_messages
+from mlxr.supervisor.inference.truncate import Fits, fit_messages
 
 
 def test_integer_options_are_truncated_and_types_checked():
@@ -68,3 +68,24 @@ def test_truncation_keeps_system_messages_and_the_last_user_turn(tmp_path: Path)
     assert fit_messages(chat, render, 1000, tmp_path, False) == chat
     tiny = fit_messages(chat, render, 2, tmp_path, False)  # too long even so: the last turn stays
     assert tiny == [chat[0], chat[-2], chat[-1]]
+    for num_ctx in range(3, 40):  # the fewest oldest messages dropped, as one at a time would
+        kept = fit_messages(chat, render, num_ctx, tmp_path, False)
+        fewest = next((chat[:1] + chat[start:] for start in range(1, len(chat) - 1)
+                       if len(render(chat[:1] + chat[start:]).split()) < num_ctx), tiny)
+        assert kept == fewest, num_ctx
+
+
+def test_a_prompt_of_fewer_bytes_than_num_ctx_is_not_encoded():
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token a character
+    fits = Fits(tok, False, 20)
+    assert fits("a" * 11) and fits.encoded == 0  # 11 bytes + 8 slack < 20: no encoding
+    assert fits("a" * 19) and fits.encoded == 1  # past the bound: encoded, and 19 < 20
+    assert not fits("a" * 20) and fits.encoded == 2
+    # The bound is on the normalized text's bytes, so a normalizer that lengthens the text
+    # cannot slip a long prompt past it: NFKC makes the 3-byte U+FDFA 18 characters.
+    tok.normalizer = normalizers.NFKC()
+    assert len(tok.encode("\ufdfa").ids) == 18
+    assert not Fits(tok, False, 15)("\ufdfa")
