@@ -26,6 +26,8 @@ import threading
 import mlx.core as mx
 import numpy as np
 
+from mlxr.runner import host_parallel
+
 MIN_ELEMENTS = 16_384  # positions x intermediate width; below it the sync costs more
 _original = None
 _state = threading.local()
@@ -56,14 +58,23 @@ def swiglu(gate: mx.array, x: mx.array) -> mx.array:
 
 
 def silu_times(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """`silu(gate) * up` in numpy, float32 (also the numpy decode body's, runner/host_body.py)."""
-    out = np.negative(gate)
-    with np.errstate(over="ignore"):  # exp(-g) = inf for very negative g: the output is -0
-        np.exp(out, out=out)
-    out += 1
-    np.divide(gate, out, out=out)
-    out *= up
-    return out
+    """`silu(gate) * up` in numpy, float32 (also the numpy decode body's, runner/host_body.py),
+    positions split across the cores (runner/host_parallel.py) when there are many."""
+    flat_gate = gate.reshape(-1, gate.shape[-1])
+    flat_up = np.broadcast_to(up, gate.shape).reshape(-1, gate.shape[-1])
+    out = np.empty_like(flat_gate)
+
+    def rows(a: int, b: int) -> None:
+        part = out[a:b]
+        np.negative(flat_gate[a:b], out=part)
+        with np.errstate(over="ignore"):  # exp(-g) = inf for very negative g: the output is -0
+            np.exp(part, out=part)
+        part += 1
+        np.divide(flat_gate[a:b], part, out=part)
+        part *= flat_up[a:b]
+
+    host_parallel.for_rows(flat_gate.shape[0], flat_gate.size, rows)
+    return out.reshape(gate.shape)
 
 
 def install(model) -> int:

@@ -10,6 +10,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load
 
+from mlxr.runner import host_parallel
 from mlxr.runner.kv import host_attention, rows
 from mlxr.runner.kv.pool import KVPool
 from mlxr.supervisor.store.random_model import write_random_model
@@ -33,6 +34,16 @@ def test_it_gives_mlxs_attention(heads, kv_heads, n, positions):
         want = reference(q, k, v, 0.17, causal)
         assert got.shape == want.shape
         assert mx.allclose(got, want, atol=1e-5).item(), float(mx.abs(got - want).max())
+
+
+def test_split_across_threads_it_gives_the_same_numbers(monkeypatch):
+    q = mx.random.normal((1, 4, 37, 32))
+    k = mx.random.normal((1, 2, 300, 32))
+    v = mx.random.normal((1, 2, 300, 32))
+    whole = host_attention.attend(q, k, v, 0.17, True)
+    monkeypatch.setattr(host_parallel, "MIN_ELEMENTS", 0)
+    monkeypatch.setattr(host_parallel, "workers", lambda: 3)  # 37 queries: 12, 12, 13
+    assert mx.array_equal(host_attention.attend(q, k, v, 0.17, True), whole).item()
 
 
 def test_the_causal_mask_hides_later_positions():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models import activations
 
-from mlxr.runner import host_swiglu
+from mlxr.runner import host_parallel, host_swiglu
 from tests.mlx.test_host_attention import mlx_lm_greedy, rows_greedy
 from tests.mlx.test_host_attention import model  # noqa: F401  (the fixture: tiny, on the rows)
 
@@ -22,6 +22,15 @@ def test_it_gives_mlx_lms_swiglu():
     want = activations.swiglu(gate, up)
     assert got.dtype == mx.float32 and not mx.isnan(got).any().item()
     assert mx.allclose(got, want, rtol=1e-5, atol=1e-6).item()
+
+
+def test_split_across_threads_it_gives_the_same_numbers(monkeypatch):
+    gate, up = mx.random.normal((1, 41, 768)) * 6, mx.random.normal((1, 41, 768))
+    with host_swiglu.active():
+        whole = host_swiglu.swiglu(gate, up)
+        monkeypatch.setattr(host_parallel, "MIN_ELEMENTS", 0)
+        monkeypatch.setattr(host_parallel, "workers", lambda: 4)
+        assert mx.array_equal(host_swiglu.swiglu(gate, up), whole).item()
 
 
 def test_only_inside_active_and_only_for_float32_prefill_sized_gates():
