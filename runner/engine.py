@@ -282,6 +282,14 @@ class Engine:
         batch = self.outputs.chunks(touched, result)
         if batch:
             self._deliver(batch)
+            if any(len(seq.output_tokens) == 1 for seq in touched):
+                # Hand the interpreter lock to the event loop, which `_deliver` just woke, so
+                # that a first token is written now: else it waits for this thread's next
+                # release (up to the 5 ms switch interval) and reached the supervisor 3.1-3.4
+                # ms after it was ready, not 0.3. Only for first tokens: for every token the
+                # step waits for the write, and one stream's tokens came slower
+                # (docs/PERFORMANCE.md, "A first token's way out").
+                time.sleep(0)
 
     def _publish_kv(self, model_step) -> None:
         """The KV figures /v1/status reports: they walk every run, so at most every 0.2 s
