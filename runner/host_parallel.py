@@ -4,7 +4,7 @@ numpy's ufuncs run on one core, and so does MLX's CPU element-wise work, so whil
 chunk's softmax (runner/kv/host_attention.py) or SwiGLU (runner/host_swiglu.py) runs, the
 other cores wait: those two are most of a chunk's time on the 30M model. numpy lets go of the
 interpreter lock inside a ufunc's loop, so threads that each take a range of rows run at once.
-Measured on the 2-core EPYC (docs/PERFORMANCE.md, "Prefill on every core"): a 512 x 2,048
+Measured on the 2-core Zen 4 EPYC (docs/PERFORMANCE.md, "Prefill on every core"): a 512 x 2,048
 softmax over 2 x 2 heads in 3.3 ms against 5.9 ms.
 
 Invariants:
