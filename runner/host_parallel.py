@@ -2,10 +2,11 @@
 
 numpy's ufuncs run on one core, and so does MLX's CPU element-wise work, so while a prefill
 chunk's softmax (runner/kv/host_attention.py) or SwiGLU (runner/host_swiglu.py) runs, the
-other cores wait: those two are most of a chunk's time on the 30M model. numpy lets go of the
-interpreter lock inside a ufunc's loop, so threads that each take a range of rows run at once.
-Measured on the 2-core Zen 4 EPYC (docs/PERFORMANCE.md, "Prefill on every core"): a 512 x 2,048
-softmax over 2 x 2 heads in 3.3 ms against 5.9 ms.
+other cores wait: with the attention products around the softmax, those are 40-60% of a
+512-1,024-token chunk's time on the 30M model. numpy lets go of the interpreter lock inside a
+ufunc's loop, so threads that each take a range of rows run at once. Measured on the 2-core
+Zen 4 EPYC (docs/PERFORMANCE.md, "Prefill on every core"): a 512 x 2,048 softmax over 2 x 2
+heads in 3.3 ms against 5.9 ms.
 
 Invariants:
 - `for_rows(rows, elements, fn)` returns after fn has run once over every row range; if a
