@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from mlxr.runner import heap
 from mlxr.shared.blas import choose
 from mlxr.shared.config import RunnerConfig, Settings
 from mlxr.shared.runner_auth import new_token_file, read_token_line, token_from_file
@@ -129,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_config(sys.argv[1:] if argv is None else argv)
     _set_death_signal(parent)
     _preload_blas(config, parent)
+    heap.keep_freed()
     if config.follower:  # no HTTP, so no secret
         if config.watch_stdin:
             _watch_parent(parent)

@@ -35,6 +35,7 @@ from mlxr.shared.blas import loaded_blas
 from mlxr.shared.config import RunnerConfig
 from mlxr.shared.errors import MlxrError, RunnerFailed
 from mlxr.shared.protocol import RunnerStatus, error_line
+from mlxr.runner import heap
 from mlxr.runner.loader import LoadedModel, freeze_heap, load_model, make_scheduler
 from mlxr.runner.outputs import Outputs
 from mlxr.runner.request import Sequence
@@ -43,6 +44,10 @@ from mlxr.runner.scheduler import Scheduler, StepResult
 from mlxr.runner.text_stream import fast_decode
 
 log = logging.getLogger("mlxr.runner")
+
+# Idle this long (no message, nothing to run), the engine gives the C heap's freed buffers back
+# to the system (runner/heap.py); it is also how long an idle wait lasts before re-checking.
+IDLE_S = 0.5
 
 Deliver = Callable[[list[tuple[Callable[[Any], None], Any]]], None]
 
@@ -55,6 +60,7 @@ class Engine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="mlxr-engine", daemon=True)
         self._stopping = False
+        self._heap_in_use = False  # steps ran since the C heap last gave memory back
         self.state = "loading"
         self.progress = 0.0
         self.error: str | None = None
@@ -153,6 +159,7 @@ class Engine:
                     self._step()
                 else:  # an encoder: the inbox's calls are all its work
                     self._read_memory()
+                self._heap_in_use |= not idle
             if self.leader is not None:
                 self.leader.stop()  # the other ranks exit too
         except BaseException as exc:  # a bug in the loop itself: never leave clients hanging
@@ -189,8 +196,11 @@ class Engine:
         shares the turn with a step: two in one turn would hold the streams twice as long);
         wait for the first message only when idle."""
         try:
-            kind, item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            kind, item = self._inbox.get(timeout=IDLE_S) if block else self._inbox.get_nowait()
         except queue.Empty:
+            if block and self._heap_in_use:  # idle for IDLE_S: give freed buffers back
+                self._heap_in_use = False
+                heap.release_freed()
             return
         while kind != "stop":
             if kind == "add" and not item.cancelled:
@@ -199,6 +209,7 @@ class Engine:
                 self.scheduler.cancel(item)
             elif kind == "call":
                 fn, future = item
+                self._heap_in_use = True  # an embedding batch, an image's side work
                 if future.set_running_or_notify_cancel():
                     try:
                         future.set_result(fn())

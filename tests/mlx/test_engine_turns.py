@@ -132,3 +132,22 @@ def test_side_work_waits_for_the_engine_turn_on_the_cpu_and_uses_a_thread_on_a_g
     assert engine_turn.name == "engine-turn"
     executor = asyncio.run(run(False))
     assert executor.name.startswith("asyncio")
+
+
+def test_idle_after_work_the_heap_gives_freed_memory_back_once(monkeypatch):
+    from mlxr.runner import engine as engine_module
+
+    released = []
+    monkeypatch.setattr(engine_module, "IDLE_S", 0.01)
+    monkeypatch.setattr(engine_module.heap, "release_freed", lambda: released.append(1))
+    engine = make_engine()
+    engine._drain(block=True)  # idle, but nothing ran since the start: nothing to give back
+    assert released == []
+    engine.call(lambda: "an embedding batch")
+    engine._drain(block=True)  # the call runs: work, not idleness
+    assert released == []
+    engine._drain(block=True)
+    assert released == [1]
+    engine._drain(block=True)  # still idle: once is enough
+    engine._drain(block=False)  # not waiting: never
+    assert released == [1]
