@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -29,8 +30,10 @@ MAX_WORKERS = 8
 _pool: ThreadPoolExecutor | None = None
 
 
+@functools.lru_cache(maxsize=1)
 def workers() -> int:
-    """How many ranges to split into: this process's cores, at most MAX_WORKERS."""
+    """How many ranges to split into: this process's cores (read once), at most
+    MAX_WORKERS."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS has no affinity
