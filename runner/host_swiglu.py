@@ -60,21 +60,25 @@ def swiglu(gate: mx.array, x: mx.array) -> mx.array:
 def silu_times(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """`silu(gate) * up` in numpy, float32 (also the numpy decode body's, runner/host_body.py),
     positions split across the cores (runner/host_parallel.py) when there are many."""
-    flat_gate = gate.reshape(-1, gate.shape[-1])
-    flat_up = np.broadcast_to(up, gate.shape).reshape(-1, gate.shape[-1])
-    out = np.empty_like(flat_gate)
+    out = np.empty_like(gate)
+    if gate.size < host_parallel.MIN_ELEMENTS:  # a decode row: no reshaping on this hot path
+        _silu_into(gate, up, out)
+        return out
+    width = gate.shape[-1]
+    rows_gate, rows_out = gate.reshape(-1, width), out.reshape(-1, width)
+    rows_up = np.broadcast_to(up, gate.shape).reshape(-1, width)
+    host_parallel.for_rows(rows_gate.shape[0], gate.size, lambda a, b: _silu_into(
+        rows_gate[a:b], rows_up[a:b], rows_out[a:b]))
+    return out
 
-    def rows(a: int, b: int) -> None:
-        part = out[a:b]
-        np.negative(flat_gate[a:b], out=part)
-        with np.errstate(over="ignore"):  # exp(-g) = inf for very negative g: the output is -0
-            np.exp(part, out=part)
-        part += 1
-        np.divide(flat_gate[a:b], part, out=part)
-        part *= flat_up[a:b]
 
-    host_parallel.for_rows(flat_gate.shape[0], flat_gate.size, rows)
-    return out.reshape(gate.shape)
+def _silu_into(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+    np.negative(gate, out=out)
+    with np.errstate(over="ignore"):  # exp(-g) = inf for very negative g: the output is -0
+        np.exp(out, out=out)
+    out += 1
+    np.divide(gate, out, out=out)
+    out *= up
 
 
 def install(model) -> int:
