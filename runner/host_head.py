@@ -25,13 +25,28 @@ import numpy as np
 log = logging.getLogger("mlxr.runner")
 
 MAX_ROWS = 2  # per-row sgemv (2.4 ms each) against one sgemm (8-10 ms); at 3 rows a wash
-ROW_MAJOR, NO_TRANS = 101, 111  # cblas_sgemv: row-major, no transpose
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # cblas: row-major, (no) transpose
 
 
 def openblas_sgemv(library: str | None) -> Callable[..., None] | None:
     """`cblas_sgemv` of the OpenBLAS preloaded into this process, else of `library`, else
     None. The runner passes no library: where OpenBLAS was not preloaded (MLXR_OPENBLAS=off,
     or none installed) it does not load one."""
+    return _openblas(library, "cblas_sgemv", [
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float,
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
+        ctypes.c_void_p, ctypes.c_int])
+
+
+def openblas_sgemm(library: str | None) -> Callable[..., None] | None:
+    """`cblas_sgemm` of the same OpenBLAS, found as `openblas_sgemv` finds its function."""
+    return _openblas(library, "cblas_sgemm", [
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+        ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+        ctypes.c_float, ctypes.c_void_p, ctypes.c_int])
+
+
+def _openblas(library: str | None, name: str, argtypes: list) -> Callable[..., None] | None:
     libraries: list[Any] = [ctypes.CDLL(None)]
     if library:
         try:
@@ -39,12 +54,10 @@ def openblas_sgemv(library: str | None) -> Callable[..., None] | None:
         except OSError as exc:
             log.info("cannot load %s: %s", library, exc)
     for lib in libraries:
-        if hasattr(lib, "openblas_get_config") and hasattr(lib, "cblas_sgemv"):
-            fn = lib.cblas_sgemv
+        if hasattr(lib, "openblas_get_config") and hasattr(lib, name):
+            fn = getattr(lib, name)
             fn.restype = None
-            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                           ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                           ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+            fn.argtypes = argtypes
             return fn
     return None
 

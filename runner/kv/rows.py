@@ -84,21 +84,32 @@ class RunStore:
 
     def write(self, run: Run, layer: int, position: int, keys: mx.array,
               values: mx.array) -> None:
-        arrays = self.get(run)
         at = position - run.start
         end = at + keys.shape[2]
+        self.reserve(run, layer, end, keys.shape[1], keys.shape[3], keys.dtype)
+        arrays = self.arrays[run.run_id]
         old_k, old_v = arrays.keys[layer], arrays.values[layer]
-        have = 0 if old_k is None else old_k.shape[2]
-        if end > have:
-            bs = self.block_size
-            want = max(run.capacity * bs, -(-end // bs) * bs)
-            shape = (1, keys.shape[1], want - have, keys.shape[3])
-            pad_k, pad_v = mx.zeros(shape, keys.dtype), mx.zeros(shape, values.dtype)
-            old_k = pad_k if old_k is None else mx.concatenate([old_k, pad_k], axis=2)
-            old_v = pad_v if old_v is None else mx.concatenate([old_v, pad_v], axis=2)
         old_k[..., at:end, :] = keys
         old_v[..., at:end, :] = values
         arrays.keys[layer], arrays.values[layer] = old_k, old_v
+
+    def reserve(self, run: Run, layer: int, end: int, kv_heads: int, dim: int,
+                dtype) -> bool:
+        """Grow the run's arrays for `layer` to hold its positions [0, end) from run.start
+        (to the pool's capacity for the run, in whole blocks); False when they already did."""
+        arrays = self.get(run)
+        old_k, old_v = arrays.keys[layer], arrays.values[layer]
+        have = 0 if old_k is None else old_k.shape[2]
+        if end <= have:
+            return False
+        bs = self.block_size
+        want = max(run.capacity * bs, -(-end // bs) * bs)
+        shape = (1, kv_heads, want - have, dim)
+        pad_k, pad_v = mx.zeros(shape, dtype), mx.zeros(shape, dtype)
+        arrays.keys[layer] = pad_k if old_k is None else mx.concatenate([old_k, pad_k], axis=2)
+        arrays.values[layer] = pad_v if old_v is None else \
+            mx.concatenate([old_v, pad_v], axis=2)
+        return True
 
     def padded(self, run: Run, layer: int, width: int) -> tuple[mx.array, mx.array]:
         """The run's first `width` positions from its start (positions past what it wrote
@@ -401,6 +412,39 @@ class RowBatch:
                 values.append(vs)
             out.append(HostRow(token, row.length, keys, values))
         return out
+
+    def host_chunk(self, seq, count: int, kv_heads: int, dim: int) -> \
+            tuple[list[list[np.ndarray]], list[list[np.ndarray]]] | None:
+        """numpy views of a prefilling sequence's context per layer, covering its next
+        `count` positions too (keys and values pieces, as `HostRow`'s), for
+        runner/host_prefill.py to write and attend in place; the row's arrays grow first
+        where they must (and are evaluated). None for a row whose context is not all float32
+        or that starts below its run."""
+        store = self.store
+        row = self._rows[seq.seq_id]
+        at = row.length - row.run.start
+        if at < 0:
+            return None
+        grown = [store.reserve(row.run, layer, at + count, kv_heads, dim, mx.float32)
+                 for layer in range(store.num_layers)]
+        arrays = store.arrays[row.run.run_id]
+        if any(grown):
+            mx.eval(arrays.keys + arrays.values)
+        keys, values = [], []
+        for layer in range(store.num_layers):
+            ks, vs = [], []
+            for seg in row.shared:
+                src = store.arrays[seg.run.run_id]
+                a, b = seg.start - seg.run.start, seg.end - seg.run.start
+                ks.append(np.asarray(src.keys[layer])[0, :, a:b])
+                vs.append(np.asarray(src.values[layer])[0, :, a:b])
+            ks.append(np.asarray(arrays.keys[layer])[0, :, :at + count])
+            vs.append(np.asarray(arrays.values[layer])[0, :, :at + count])
+            if any(p.dtype != np.float32 for p in ks + vs):
+                return None
+            keys.append(ks)
+            values.append(vs)
+        return keys, values
 
     def advance(self, seqs, num: int) -> None:
         """The forward pass just built wrote `num` positions of each of `seqs`."""
