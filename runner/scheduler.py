@@ -98,7 +98,11 @@ class SchedulerConfig:
     # 499/530 -> 362/416 ms, p99 1,187/1,238 -> 977/1,140 ms in alternating pairs against the
     # whole budget; the 16-stream sweep within noise: docs/PERFORMANCE.md).
     burst_tokens: int = 1024
-    stall_factor: float = 0.75
+    # Prefill may add half a decode step to a step while streams decode and a long prompt is
+    # read. With chunks read in numpy (runner/host_prefill.py), 0.5 against 0.75 held the
+    # `long` scenario's short streams at 1.29-1.45x their inter-token p99 alone (1.41-1.73x),
+    # and its 8,000-token prompts' TTFT at 9.6-11.8 s (6.8-12.6 s) (docs/PERFORMANCE.md).
+    stall_factor: float = 0.5
     long_prompt_tokens: int = 512
 
 

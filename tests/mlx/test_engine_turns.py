@@ -55,7 +55,7 @@ class FakeScheduler:
         self.added: list = []
 
     @property
-    def stall_allowance_s(self) -> float:  # as the real one, stall_factor 0.75
+    def stall_allowance_s(self) -> float:  # the real one's shape, with a factor of 0.75
         return 0.75 * (self.decode_s or 0.0)
 
     def add(self, seq) -> None:
