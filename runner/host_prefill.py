@@ -28,10 +28,10 @@ import mlx.core as mx
 import numpy as np
 
 from mlxr.runner import host_parallel
-from mlxr.runner.host_body import HostBody, _rms
+from mlxr.runner.host_body import HostBody, rms_norm
 from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, TRANS, openblas_sgemm
 from mlxr.runner.host_swiglu import silu_times
-from mlxr.runner.kv.host_attention import _future
+from mlxr.runner.kv.host_attention import future_mask
 
 log = logging.getLogger("mlxr.runner")
 
@@ -180,26 +180,26 @@ class HostPrefill:
         h = body.embed[np.asarray(tokens)]
         last = len(body.layers) - 1
         for i, layer in enumerate(body.layers):
-            x = _rms(h, layer.attn_norm)
+            x = rms_norm(h, layer.attn_norm)
             k = gemm.linear(x, layer.k).reshape(n, layer.kv_heads, d)
             v = gemm.linear(x, layer.v).reshape(n, layer.kv_heads, d)
             if i == last:  # only the last position goes on from here
                 x, h = x[-1:], h[-1:]
             q = gemm.linear(x, layer.q).reshape(x.shape[0], layer.heads, d)
             if layer.q_norm is not None:
-                q = _rms(q, layer.q_norm)
+                q = rms_norm(q, layer.q_norm)
             if layer.k_norm is not None:
-                k = _rms(k, layer.k_norm)
+                k = rms_norm(k, layer.k_norm)
             q = self.rope.apply(q, diag[-q.shape[0]:], off[-q.shape[0]:])
             k = self.rope.apply(k, diag, off)
             keys[i][-1][:, -n:] = k.transpose(1, 0, 2)
             values[i][-1][:, -n:] = v.transpose(1, 0, 2)
             attended = self._attend(q, keys[i], values[i], layer.scale, n)
             h = h + gemm.linear(attended, layer.o)
-            x = _rms(h, layer.mlp_norm)
+            x = rms_norm(h, layer.mlp_norm)
             h = h + gemm.linear(silu_times(gemm.linear(x, layer.gate),
                                            gemm.linear(x, layer.up)), layer.down)
-        return _rms(h[-1], body.norm)
+        return rms_norm(h[-1], body.norm)
 
     def _attend(self, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
                 scale: float, n: int) -> np.ndarray:
@@ -215,11 +215,12 @@ class HostPrefill:
         grid = np.empty((kv_heads, group, m, positions), dtype=np.float32)
         for h in range(kv_heads):
             rows, at = grouped[h].reshape(group * m, d), 0
+            scores = grid[h].reshape(group * m, positions)
             for k in keys:
-                gemm.product(rows, k[h], grid[h].reshape(group * m, positions)[:, at:at + k.shape[1]],
-                             transpose_b=True, alpha=scale)
+                gemm.product(rows, k[h], scores[:, at:at + k.shape[1]], transpose_b=True,
+                             alpha=scale)
                 at += k.shape[1]
-        future = _future(n)[n - m:] if m > 1 else None  # query i sits at chunk index n - m + i
+        future = future_mask(n)[n - m:] if m > 1 else None  # query i sits at chunk index n - m + i
 
         def softmax(a: int, b: int) -> None:  # queries a..b, in place
             part = grid[:, :, a:b]

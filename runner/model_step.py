@@ -96,8 +96,9 @@ class ModelStep:
         `host_attention`: the rows may attend with numpy's softmax on a CPU
         (runner/kv/host_attention.py), prefill chunks take numpy's SwiGLU
         (runner/host_swiglu.py), decode steps of one or two rows run their body in numpy
-        (runner/host_body.py), and so do single prefill chunks (runner/host_prefill.py). `distributed`: one rank of a sharded model (no numpy body: its
-        probe is a forward pass, whose collectives only the model step's own passes may hold)."""
+        (runner/host_body.py), and so do single prefill chunks (runner/host_prefill.py).
+        `distributed`: one rank of a sharded model (no numpy body: its probe is a forward
+        pass, whose collectives only the model step's own passes may hold)."""
         self.model = model
         self.vision = vision
         self.split = split_model(model)

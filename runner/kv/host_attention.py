@@ -33,7 +33,7 @@ from mlxr.runner import host_parallel
 MIN_SCORES = 2_048
 
 
-def _future(n: int) -> np.ndarray:
+def future_mask(n: int) -> np.ndarray:
     """(n, n) True above the diagonal: the positions after each query's own. A masked copy
     writes -inf there about 8 times faster than boolean indexing (0.27 against 2.3 ms for
     512 queries over 2 x 2 heads). The top-left corner of a larger such mask is this one, so
@@ -78,7 +78,7 @@ def attend(queries: mx.array, keys: mx.array | list[mx.array],
     positions = scores.shape[-1]
     # Evaluates the scores; the view writes into their buffer, which nothing else holds.
     grid = np.asarray(scores).reshape(kv_heads, group, n, positions)
-    future = _future(n) if causal and n > 1 else None  # query i sits at positions - n + i
+    future = future_mask(n) if causal and n > 1 else None  # query i sits at positions - n + i
 
     def softmax(a: int, b: int) -> None:  # queries a..b, in place
         part = grid[:, :, a:b]

@@ -398,19 +398,7 @@ class RowBatch:
             if at < 0 or arrays is None or \
                     any(k is None or k.shape[2] <= at for k in arrays.keys + arrays.values):
                 return None
-            keys, values = [], []
-            for layer in range(store.num_layers):
-                ks, vs = [], []
-                for seg in row.shared:
-                    src = store.arrays[seg.run.run_id]
-                    a, b = seg.start - seg.run.start, seg.end - seg.run.start
-                    ks.append(np.asarray(src.keys[layer])[0, :, a:b])
-                    vs.append(np.asarray(src.values[layer])[0, :, a:b])
-                ks.append(np.asarray(arrays.keys[layer])[0, :, :at + 1])
-                vs.append(np.asarray(arrays.values[layer])[0, :, :at + 1])
-                keys.append(ks)
-                values.append(vs)
-            out.append(HostRow(token, row.length, keys, values))
+            out.append(HostRow(token, row.length, *self._views(row, at + 1)))
         return out
 
     def host_chunk(self, seq, count: int, kv_heads: int, dim: int) -> \
@@ -418,8 +406,8 @@ class RowBatch:
         """numpy views of a prefilling sequence's context per layer, covering its next
         `count` positions too (keys and values pieces, as `HostRow`'s), for
         runner/host_prefill.py to write and attend in place; the row's arrays grow first
-        where they must (and are evaluated). None for a row whose context is not all float32
-        or that starts below its run."""
+        where they must (and are evaluated). None for a row that starts below its run. The
+        arrays are float32: the numpy bodies serve float32 models only."""
         store = self.store
         row = self._rows[seq.seq_id]
         at = row.length - row.run.start
@@ -427,9 +415,17 @@ class RowBatch:
             return None
         grown = [store.reserve(row.run, layer, at + count, kv_heads, dim, mx.float32)
                  for layer in range(store.num_layers)]
-        arrays = store.arrays[row.run.run_id]
         if any(grown):
+            arrays = store.arrays[row.run.run_id]
             mx.eval(arrays.keys + arrays.values)
+        return self._views(row, at + count)
+
+    def _views(self, row: Row, own: int) -> tuple[list[list[np.ndarray]],
+                                                  list[list[np.ndarray]]]:
+        """Per layer, numpy views of the row's shared segments, then of its own run's first
+        `own` positions: its keys' pieces and its values' pieces."""
+        store = self.store
+        arrays = store.arrays[row.run.run_id]
         keys, values = [], []
         for layer in range(store.num_layers):
             ks, vs = [], []
@@ -438,10 +434,8 @@ class RowBatch:
                 a, b = seg.start - seg.run.start, seg.end - seg.run.start
                 ks.append(np.asarray(src.keys[layer])[0, :, a:b])
                 vs.append(np.asarray(src.values[layer])[0, :, a:b])
-            ks.append(np.asarray(arrays.keys[layer])[0, :, :at + count])
-            vs.append(np.asarray(arrays.values[layer])[0, :, :at + count])
-            if any(p.dtype != np.float32 for p in ks + vs):
-                return None
+            ks.append(np.asarray(arrays.keys[layer])[0, :, :own])
+            vs.append(np.asarray(arrays.values[layer])[0, :, :own])
             keys.append(ks)
             values.append(vs)
         return keys, values
