@@ -32,13 +32,15 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, openblas_sgemv
+from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, openblas_sgemm, openblas_sgemv
+from mlxr.runner.host_ops import Gemm, RopeTables
 from mlxr.runner.host_swiglu import silu_times
 from mlxr.runner.kv.host_attention import attend_position
 
 log = logging.getLogger("mlxr.runner")
 
-MAX_ROWS = 2  # as the host head: from three rows one batched MLX pass costs less
+MAX_ROWS = 2  # row by row (sgemv) up to here; more rows go through `batch` (sgemm)
+BATCH_MAX_ROWS = 64
 _ROPE_BLOCK = 32  # positions whose rotation matrices one MLX call makes
 
 
@@ -226,6 +228,12 @@ class HostBody:
         self.norm = norm
         self.rotations = rotations
         self.head_dim = layers[0].q[0].shape[0] // layers[0].heads
+        self.gemm = Gemm(openblas_sgemm(library))
+        try:  # per-position tables for many rows (and prefill chunks), where the rope allows
+            self.rope_tables: RopeTables | None = RopeTables(rotations)
+        except ValueError as exc:
+            log.info("numpy rope tables do not apply (%s)", exc)
+            self.rope_tables = None
 
     @classmethod
     def find(cls, model, library: str | None = None) -> "HostBody | None":
@@ -285,6 +293,42 @@ class HostBody:
         """Hidden states (rows, hidden) after the final norm, one decode position per row,
         each row's keys and values written into its last pieces."""
         return np.stack([self._row(row) for row in rows])
+
+    def batch(self, rows: list[HostRow]) -> np.ndarray | None:
+        """`self(rows)` for many rows at once: each layer's products as one `sgemm` over the
+        rows, RoPE from one table call, attention row by row; None where the rope has no
+        tables. On the 30M model, 14 rows: 4.1 ms, against 6.8 ms row by row and 9.3 ms for
+        MLX's pass (docs/PERFORMANCE.md, "Decode rows in numpy")."""
+        if self.rope_tables is None:
+            return None
+        gemm, rope, d = self.gemm, self.rope_tables, self.head_dim
+        n = len(rows)
+        diag, off = rope.tables_at([row.position for row in rows])
+        h = self.embed[np.array([row.token for row in rows])]
+        for i, layer in enumerate(self.layers):
+            x = rms_norm(h, layer.attn_norm)
+            q = gemm.linear(x, layer.q).reshape(n, layer.heads, d)
+            k = gemm.linear(x, layer.k).reshape(n, layer.kv_heads, d)
+            v = gemm.linear(x, layer.v).reshape(n, layer.kv_heads, d)
+            if layer.q_norm is not None:
+                q = rms_norm(q, layer.q_norm)
+            if layer.k_norm is not None:
+                k = rms_norm(k, layer.k_norm)
+            q = rope.apply(q, diag, off)
+            q *= layer.scale
+            k = rope.apply(k, diag, off)
+            attended = np.empty((n, layer.heads * d), dtype=np.float32)
+            group = layer.heads // layer.kv_heads
+            for j, row in enumerate(rows):
+                row.keys[i][-1][:, -1] = k[j]
+                row.values[i][-1][:, -1] = v[j]
+                attended[j] = attend_position(q[j], row.keys[i], row.values[i],
+                                              group).reshape(-1)
+            h = h + gemm.linear(attended, layer.o)
+            x = rms_norm(h, layer.mlp_norm)
+            h = h + gemm.linear(silu_times(gemm.linear(x, layer.gate),
+                                           gemm.linear(x, layer.up)), layer.down)
+        return rms_norm(h, self.norm)
 
     def _row(self, row: HostRow) -> np.ndarray:
         d = self.head_dim

@@ -26,6 +26,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxr.runner import host_swiglu
 from mlxr.runner.architectures import logit_transform
+from mlxr.runner.host_body import BATCH_MAX_ROWS as HOST_BATCH_MAX_ROWS
 from mlxr.runner.host_body import MAX_ROWS as HOST_BODY_MAX_ROWS, HostBody
 from mlxr.runner.host_prefill import MAX_TOKENS as HOST_PREFILL_MAX_TOKENS, HostPrefill
 from mlxr.runner.host_head import MAX_ROWS as HOST_HEAD_MAX_ROWS, HostHead
@@ -376,7 +377,7 @@ class ModelStep:
         needs nothing from the host (penalties and grammars need the token first) and the
         head runs on the device (the host head needs the hidden states first)."""
         if any(s.sampler.needs_processing for s in self.rows) or \
-                self._host_head_for(len(self.rows)) or \
+                self._host_head_for(len(self.rows)) or self._host_body_for(len(self.rows)) or \
                 not self.kv.can_run_ahead():
             return
         with self._decode_rope():
@@ -388,14 +389,23 @@ class ModelStep:
         self._ahead = _Ahead(list(self.rows), nxt)
 
     def _host_hidden(self) -> mx.array | None:
-        """This decode step's last hidden states with the body in numpy, where it applies (a
-        few rows, the rows' arrays have room); else None."""
-        if self.host_body is None or len(self.rows) > HOST_BODY_MAX_ROWS:
+        """This decode step's last hidden states with the body in numpy, where it applies
+        (the rows' arrays have room; row by row for one or two, else batched); else None."""
+        if not self._host_body_for(len(self.rows)):
             return None
         host_rows = self.kv.host_rows(self.rows, [s.output_tokens[-1] for s in self.rows])
         if host_rows is None:
             return None
-        return mx.array(self.host_body(host_rows))
+        if len(host_rows) <= HOST_BODY_MAX_ROWS:
+            return mx.array(self.host_body(host_rows))
+        return mx.array(self.host_body.batch(host_rows))
+
+    def _host_body_for(self, rows: int) -> bool:
+        """Does a decode step of this many rows take the numpy body (runner/host_body.py)?
+        Then no step is run ahead: the body needs the last tokens on the host."""
+        body = self.host_body
+        return body is not None and (rows <= HOST_BODY_MAX_ROWS or (
+            rows <= HOST_BATCH_MAX_ROWS and body.rope_tables is not None))
 
     def _host_greedy(self, hidden: mx.array) -> SampleOutput | None:
         """The rows' tokens as numpy's argmax of the host head's logits, where that head

@@ -148,3 +148,43 @@ def test_a_row_without_room_for_its_next_position_is_left_to_mlx(arch_models):
     mx.eval(batch.arrays([seq]))
     batch.join(seq)
     assert batch.host_rows([seq], [5]) is None
+
+
+class _Batched:
+    """A body that takes every step's rows at once (`HostBody.batch`)."""
+
+    def __init__(self, body: HostBody):
+        self.body = body
+        self.calls = 0
+
+    def __call__(self, host_rows):
+        self.calls += 1
+        return self.body.batch(host_rows)
+
+
+@pytest.mark.parametrize("arch", sorted(TAKES_IT))
+def test_many_rows_at_once_give_mlx_lms_greedy_tokens(arch, arch_models):
+    model = arch_models(arch)
+    body = HostBody.find(model, probed_blas())
+    assert body is not None and body.rope_tables is not None
+    prompts = [[(7 * i + 3 * k) % 500 + 2 for i in range(n)]
+               for k, n in enumerate((40, 75, 9, 130, 17))]
+    batched = _Batched(body)
+    got, _, _ = host_greedy(model, batched, prompts, steps=8)
+    assert batched.calls == 7
+    assert got == [mlx_lm_greedy(model, p, 8) for p in prompts]
+
+
+def test_many_rows_at_once_equal_row_by_row_and_read_shared_prefixes(arch_models):
+    model = arch_models("qwen3")
+    body = HostBody.find(model)
+    prefix = [(5 * i + 1) % 400 + 2 for i in range(48)]  # three full blocks
+    prompts = [prefix + [9, 8, 7], prefix + [4, 5], [3] * 20, prefix + [1]]
+    got, shared, batch = host_greedy(model, _Batched(body), prompts, steps=6)
+    assert shared == [False, True, False, True]
+    assert got == [mlx_lm_greedy(model, p, 6) for p in prompts]
+    seqs = [s for s in batch.rows]
+    tokens = [5, 6, 7, 8]
+    at_once = body.batch(batch.host_rows(seqs, tokens))
+    one_by_one = body(batch.host_rows(seqs, tokens))
+    assert np.allclose(at_once, one_by_one, atol=1e-5)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from mlxr.runner.host_body import HostBody, _Rotations
-from mlxr.runner.host_prefill import HostPrefill, _Rope
+from mlxr.runner.host_ops import RopeTables
+from mlxr.runner.host_prefill import HostPrefill
 from mlxr.runner.kv import rows
 from mlxr.runner.kv.pool import KVPool
 from mlxr.runner.model_step import ModelStep, split_model
@@ -61,7 +62,7 @@ def prefill_greedy(model, prompts: list[list[int]], steps: int, chunk: int,
 
 
 def find(model, library: str | None = None) -> HostPrefill | None:
-    return HostPrefill.find(model, HostBody.find(model, library), library)
+    return HostPrefill.find(model, HostBody.find(model, library))
 
 
 @pytest.mark.parametrize("arch", ARCH_NAMES)
@@ -115,7 +116,7 @@ def test_it_writes_the_keys_and_values_mlx_writes(arch_models):
                          ids=["halves", "traditional", "partial"])
 def test_the_rope_tables_rotate_as_the_rope_does(rope):
     rotations = _Rotations(rope, 48)
-    tables = _Rope(rotations)
+    tables = RopeTables(rotations)
     x = np.random.default_rng(0).standard_normal((40, 3, 48)).astype(np.float32)
     for start in (0, 37, 5_000):
         diag, off = tables.tables(start, 40)

@@ -1,0 +1,110 @@
+"""numpy building blocks the host bodies share (runner/host_body.py for decode rows,
+runner/host_prefill.py for prefill chunks): single-precision products through the OpenBLAS MLX
+uses, and RoPE as per-position tables read from the model's own rope."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, TRANS
+
+
+class Gemm:
+    """Row-major single-precision products through `cblas_sgemm`, else numpy's matmul."""
+
+    def __init__(self, sgemm):
+        self._sgemm = sgemm
+
+    def linear(self, x: np.ndarray, linear) -> np.ndarray:
+        """x (n, in) times the transpose of a Linear's weight (out, in), plus its bias."""
+        weight, bias = (linear.weight, linear.bias) if hasattr(linear, "weight") else linear
+        if self._sgemm is None or not weight.flags.c_contiguous:
+            out = x @ weight.T
+        else:
+            x = np.ascontiguousarray(x)
+            n, k = x.shape
+            rows = weight.shape[0]
+            out = np.empty((n, rows), dtype=np.float32)
+            self._sgemm(ROW_MAJOR, NO_TRANS, TRANS, n, rows, k, 1.0, x.ctypes.data, k,
+                        weight.ctypes.data, k, 0.0, out.ctypes.data, rows)
+        if bias is not None:
+            out += bias
+        return out
+
+    def product(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_b: bool,
+                alpha: float = 1.0, accumulate: bool = False) -> None:
+        """out (m, n) = alpha * a (m, k) @ b (k, n), or b's transpose (n, k), plus out when
+        `accumulate`. Every argument is a 2-D view whose rows are contiguous."""
+        if self._sgemm is None or not all(rows_contiguous(m) for m in (a, b, out)):
+            result = alpha * (a @ (b.T if transpose_b else b))
+            if accumulate:
+                out += result
+            else:
+                out[...] = result
+            return
+        m, k = a.shape
+        n = b.shape[0] if transpose_b else b.shape[1]
+        self._sgemm(ROW_MAJOR, NO_TRANS, TRANS if transpose_b else NO_TRANS, m, n, k, alpha,
+                    a.ctypes.data, a.strides[0] // 4, b.ctypes.data, b.strides[0] // 4,
+                    1.0 if accumulate else 0.0, out.ctypes.data, out.strides[0] // 4)
+
+
+def rows_contiguous(a: np.ndarray) -> bool:
+    return a.dtype == np.float32 and a.ndim == 2 and a.strides[1] == 4 and \
+        a.strides[0] % 4 == 0 and a.strides[0] >= 4 * a.shape[1]
+
+
+class RopeTables:
+    """A RoPE over many positions as two tables: any RoPE rotates pairs of a head's
+    coordinates (or leaves one alone), so out[j] = x[j] * diag[p, j] + x[partner[j]] *
+    off[p, j]. The pairing is read from the rotation matrices the model's own rope gives
+    (runner/host_body.py `_Rotations`), and the tables from rotating two vectors (one
+    coordinate of each pair set) at every position of the chunk: one small MLX call."""
+
+    def __init__(self, rotations):
+        self.rope = rotations.rope
+        d = rotations.head_dim
+        nonzero = (rotations.make(7, 1)[0] != 0) | (rotations.make(1001, 1)[0] != 0)
+        partner = np.arange(d)
+        for j in range(d):
+            others = [i for i in np.flatnonzero(nonzero[:, j]) if i != j]
+            if len(others) > 1:
+                raise ValueError("a rope that mixes more than pairs of coordinates")
+            if others:
+                partner[j] = others[0]
+        if not np.array_equal(partner[partner], np.arange(d)):
+            raise ValueError("a rope whose pairs are not symmetric")
+        self.partner = partner
+        self.first = partner >= np.arange(d)  # one coordinate of each pair, and the lone ones
+        self.lone = partner == np.arange(d)
+        self._probe = mx.array(np.stack([self.first, ~self.first]).astype(np.float32))
+
+    def tables(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(diag, off), each (count, d), for positions start .. start + count - 1."""
+        d = self.partner.shape[0]
+        rotated = np.array(self.rope(
+            mx.broadcast_to(self._probe[:, None, None, :], (2, 1, count, d)),
+            offset=start)[:, 0])  # (2, count, d)
+        return self._split(rotated[0], rotated[1])
+
+    def tables_at(self, positions: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(diag, off), each (len(positions), d), for any positions: one rope call with a
+        position per batch row, as the rows' decode pass makes it."""
+        d = self.partner.shape[0]
+        rotated = np.array(self.rope(
+            mx.broadcast_to(self._probe[None, :, None, :], (len(positions), 2, 1, d)),
+            offset=mx.array(positions, dtype=mx.int32))[:, :, 0])  # (rows, 2, d)
+        return self._split(rotated[:, 0], rotated[:, 1])
+
+    def _split(self, by_first: np.ndarray, by_second: np.ndarray) -> tuple[np.ndarray,
+                                                                           np.ndarray]:
+        diag = np.where(self.first, by_first, by_second)
+        off = np.where(self.lone, 0.0, np.where(self.first, by_second, by_first))
+        return diag.astype(np.float32), off.astype(np.float32)
+
+    def apply(self, x: np.ndarray, diag: np.ndarray, off: np.ndarray) -> np.ndarray:
+        """x (n, heads, d) rotated at the tables' positions."""
+        out = x * diag[:, None, :]
+        out += x[..., self.partner] * off[:, None, :]
+        return out
