@@ -323,7 +323,7 @@ class HostBody:
                 row.keys[i][-1][:, -1] = k[j]
                 row.values[i][-1][:, -1] = v[j]
                 attended[j] = attend_position(q[j], row.keys[i], row.values[i],
-                                              group).reshape(-1)
+                                              group, gemm).reshape(-1)
             h = h + gemm.linear(attended, layer.o)
             x = rms_norm(h, layer.mlp_norm)
             h = h + gemm.linear(silu_times(gemm.linear(x, layer.gate),
@@ -348,7 +348,7 @@ class HostBody:
             keys[-1][:, -1] = k
             values[-1][:, -1] = v
             attended = attend_position(q * layer.scale, keys, values,
-                                       layer.heads // layer.kv_heads)
+                                       layer.heads // layer.kv_heads, self.gemm)
             h = h + self._project(attended.reshape(-1), layer.o)
             x = rms_norm(h, layer.mlp_norm)
             mixed = silu_times(self._project(x, layer.gate), self._project(x, layer.up))

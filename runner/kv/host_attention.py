@@ -101,13 +101,23 @@ def attend(queries: mx.array, keys: mx.array | list[mx.array],
     return out.reshape(1, heads, n, values[0].shape[-1])
 
 
+# From this many positions a decode row's products go through the OpenBLAS MLX uses (`gemm`):
+# numpy's own OpenBLAS threads them, and its pool's threads then spin beside MLX's (a
+# 15-row step with one row at 8,000 positions took 100-110 ms instead of about 30).
+GEMM_POSITIONS = 512
+
+
 def attend_position(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
-                    group: int) -> np.ndarray:
+                    group: int, gemm=None) -> np.ndarray:
     """One query position's attention in numpy: q (heads, dim), already scaled; keys and
     values pieces (kv_heads, n, dim) in position order. Head h reads key head h // group.
-    Returns (heads, dim)."""
+    Returns (heads, dim). `gemm` (runner/host_ops.py `Gemm`): the products for long
+    contexts."""
     kv_heads, dim = keys[0].shape[0], q.shape[-1]
     q = q.reshape(kv_heads, group, dim)
+    positions = sum(k.shape[1] for k in keys)
+    if gemm is not None and positions >= GEMM_POSITIONS:
+        return _attend_position_gemm(np.ascontiguousarray(q), keys, values, positions, gemm)
     parts = [q @ k.transpose(0, 2, 1) for k in keys]  # (kv_heads, group, n)
     scores = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
     scores -= scores.max(axis=-1, keepdims=True)
@@ -120,3 +130,24 @@ def attend_position(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarr
         at += v.shape[1]
     return out.reshape(kv_heads * group, dim)
 
+
+def _attend_position_gemm(q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
+                          positions: int, gemm) -> np.ndarray:
+    kv_heads, group, dim = q.shape
+    scores = np.empty((kv_heads, group, positions), dtype=np.float32)
+    for h in range(kv_heads):
+        at = 0
+        for k in keys:
+            gemm.product(q[h], k[h], scores[h][:, at:at + k.shape[1]], transpose_b=True)
+            at += k.shape[1]
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    out = np.empty((kv_heads, group, dim), dtype=np.float32)
+    for h in range(kv_heads):
+        at = 0
+        for j, v in enumerate(values):
+            gemm.product(scores[h][:, at:at + v.shape[1]], v[h], out[h], transpose_b=False,
+                         accumulate=j > 0)
+            at += v.shape[1]
+    return out.reshape(kv_heads * group, dim)
