@@ -96,8 +96,8 @@ class ModelStep:
         (runner/vision/model.py), which gives image prompts their embeddings and positions.
         `host_attention`: the rows may attend with numpy's softmax on a CPU
         (runner/kv/host_attention.py), prefill chunks take numpy's SwiGLU
-        (runner/host_swiglu.py), decode steps of one or two rows run their body in numpy
-        (runner/host_body.py), and so do single prefill chunks (runner/host_prefill.py).
+        (runner/host_swiglu.py), decode steps run their body in numpy (runner/host_body.py),
+        and so do single prefill chunks (runner/host_prefill.py).
         `distributed`: one rank of a sharded model (no numpy body: its probe is a forward
         pass, whose collectives only the model step's own passes may hold)."""
         self.model = model
