@@ -27,10 +27,9 @@ import logging
 import mlx.core as mx
 import numpy as np
 
-from mlxr.runner import host_parallel
 from mlxr.runner.host_body import HostBody, rms_norm
 from mlxr.runner.host_swiglu import silu_times
-from mlxr.runner.kv.host_attention import future_mask
+from mlxr.runner.kv.host_attention import future_mask, softmax_rows
 
 log = logging.getLogger("mlxr.runner")
 
@@ -132,17 +131,8 @@ class HostPrefill:
                 gemm.product(rows, k[h], scores[:, at:at + k.shape[1]], transpose_b=True,
                              alpha=scale)
                 at += k.shape[1]
-        future = future_mask(n)[n - m:] if m > 1 else None  # query i sits at chunk index n - m + i
-
-        def softmax(a: int, b: int) -> None:  # queries a..b, in place
-            part = grid[:, :, a:b]
-            if future is not None:
-                np.copyto(part[..., positions - n:], -np.inf, where=future[a:b])
-            part -= part.max(axis=-1, keepdims=True)
-            np.exp(part, out=part)
-            part /= part.sum(axis=-1, keepdims=True)
-
-        host_parallel.for_rows(m, grid.size, softmax)
+        # query i sits at chunk index n - m + i
+        softmax_rows(grid, future_mask(n)[n - m:] if m > 1 else None)
         out = np.empty((kv_heads, group * m, d), dtype=np.float32)
         for h in range(kv_heads):
             probs, at = grid[h].reshape(group * m, positions), 0

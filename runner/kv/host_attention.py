@@ -47,6 +47,23 @@ def _upper(size: int) -> np.ndarray:
     return np.triu(np.ones((size, size), dtype=bool), 1)
 
 
+def softmax_rows(grid: np.ndarray, future: np.ndarray | None) -> None:
+    """Softmax in place over the last axis of scores (kv_heads, group, queries, positions),
+    the queries split across the cores. `future` (queries, n), where the queries are among
+    the last n positions: True where a query must not see one of those n (it gets -inf)."""
+    queries, positions = grid.shape[2], grid.shape[3]
+
+    def softmax(a: int, b: int) -> None:  # queries a..b
+        part = grid[:, :, a:b]
+        if future is not None:
+            np.copyto(part[..., positions - future.shape[1]:], -np.inf, where=future[a:b])
+        part -= part.max(axis=-1, keepdims=True)
+        np.exp(part, out=part)
+        part /= part.sum(axis=-1, keepdims=True)
+
+    host_parallel.for_rows(queries, grid.size, softmax)
+
+
 def worth_it(scores: int, dtype) -> bool:
     """Should a call with this many scores (queries x heads x positions) over keys of
     `dtype` come here?"""
@@ -78,17 +95,7 @@ def attend(queries: mx.array, keys: mx.array | list[mx.array],
     positions = scores.shape[-1]
     # Evaluates the scores; the view writes into their buffer, which nothing else holds.
     grid = np.asarray(scores).reshape(kv_heads, group, n, positions)
-    future = future_mask(n) if causal and n > 1 else None  # query i sits at positions - n + i
-
-    def softmax(a: int, b: int) -> None:  # queries a..b, in place
-        part = grid[:, :, a:b]
-        if future is not None:
-            np.copyto(part[..., positions - n:], -np.inf, where=future[a:b])
-        part -= part.max(axis=-1, keepdims=True)
-        np.exp(part, out=part)
-        part /= part.sum(axis=-1, keepdims=True)
-
-    host_parallel.for_rows(n, grid.size, softmax)
+    softmax_rows(grid, future_mask(n) if causal and n > 1 else None)
     probs = mx.array(grid.reshape(1, kv_heads, group * n, positions))
     if len(values) == 1:
         out = probs @ values[0]
