@@ -54,6 +54,13 @@ def host_greedy(model, body: HostBody | None, prompts: list[list[int]], steps: i
         mx.eval(batch.arrays([seq]))
         seq.last = int(mx.argmax(logits[0, -1]).item())
         batch.join(seq)
+    return decode_greedy(model, batch, seqs, steps, body), \
+        [bool(batch._rows[s.seq_id].shared) for s in seqs], batch
+
+
+def decode_greedy(model, batch, seqs, steps: int, body=None) -> list[list[int]]:
+    """Each sequence's last token (`seq.last`) and `steps - 1` more, decoded together
+    greedily over `batch`: the body in numpy with `body`, else MLX's pass."""
     out = [[s.last] for s in seqs]
     head = split_model(model).head
     for _ in range(steps - 1):
@@ -69,7 +76,7 @@ def host_greedy(model, body: HostBody | None, prompts: list[list[int]], steps: i
         for seq, t, o in zip(seqs, mx.argmax(logits, axis=-1).tolist(), out):
             seq.last = t
             o.append(t)
-    return out, [bool(batch._rows[s.seq_id].shared) for s in seqs], batch
+    return out
 
 
 @pytest.mark.parametrize("arch", ARCH_NAMES)

@@ -20,7 +20,7 @@ from mlxr.runner.scheduler import Scheduler, SchedulerConfig
 from mlxr.supervisor.store.random_model import ARCH_NAMES
 from tests.mlx.test_heads import probed_blas
 from tests.mlx.test_host_attention import _Seq, mlx_lm_greedy
-from tests.mlx.test_host_body import TAKES_IT, arch_models  # noqa: F401 (a fixture)
+from tests.mlx.test_host_body import TAKES_IT, arch_models, decode_greedy  # noqa: F401
 
 
 def prefill_greedy(model, prompts: list[list[int]], steps: int, chunk: int,
@@ -50,15 +50,8 @@ def prefill_greedy(model, prompts: list[list[int]], steps: int, chunk: int,
             at = end
         seq.last = int(mx.argmax(head(hidden[None])[0]).item())
         batch.join(seq)
-    out = [[s.last] for s in seqs]
-    for _ in range(steps - 1):
-        logits = model(mx.array([[s.last] for s in seqs]), cache=batch.decode_cache())[:, -1]
-        batch.advance(seqs, 1)
-        mx.eval(logits, batch.arrays(seqs))
-        for seq, t, o in zip(seqs, mx.argmax(logits, axis=-1).tolist(), out):
-            seq.last = t
-            o.append(t)
-    return out, [bool(batch._rows[s.seq_id].shared) for s in seqs], batch
+    return decode_greedy(model, batch, seqs, steps), \
+        [bool(batch._rows[s.seq_id].shared) for s in seqs], batch
 
 
 def find(model, library: str | None = None) -> HostPrefill | None:
