@@ -187,6 +187,9 @@ async def long_context(s: Served, tokenizer, scale: float, kv_bytes_per_token: i
                 shorts = [_prompt(tokenizer, 64, 95_000 + 100 * with_long + i)
                           for i in range(num_short)]
                 longs = [_prompt(tokenizer, long_tokens, 96_000 + i) for i in range(num_long)]
+                # counted before any request is sent: encoding 16,000 tokens here would hold up
+                # this loop, and the streams' chunks with it, as the long prompts arrive
+                tokens = [len(tokenizer.encode(p).ids) for p in shorts + longs]
                 records = [RequestRecord(0.0) for _ in shorts]
                 tasks = [asyncio.create_task(_send(s.target, client, p, short_gen, r))
                          for p, r in zip(shorts, records)]
@@ -198,7 +201,6 @@ async def long_context(s: Served, tokenizer, scale: float, kv_bytes_per_token: i
                     tasks += [asyncio.create_task(_send(s.target, client, p, long_gen, r))
                               for p, r in zip(longs, long_records)]
                     every = records + long_records
-                    tokens = [len(tokenizer.encode(p).ids) for p in shorts + longs]
                     kv = asyncio.create_task(_watch_kv(client, s.status_url, every, tokens,
                                                        kv_bytes_per_token))
                 await asyncio.gather(*tasks)
