@@ -13,10 +13,16 @@ Invariants:
   it started now outnumber them). It keeps a step's tokens (decode tokens + prefill chunks)
   within `step_token_budget`, but never shrinks below `min_prefill_chunk` (no starvation).
 - While streams decode and a long prompt (over `long_prompt_tokens` left to compute) is being
-  read, the allowance is also sized by time: prefill may add at most `stall_factor`
-  decode-step times to a step (from measured step times), so running streams see their
-  inter-token interval grow by at most that factor. Short prompts are not throttled: getting
+  read, the allowance is also sized by time: prefill may add at most `stall_factor` times a
+  decode step of as many rows (from measured step times, runner/step_timer.py) to a step, so
+  running streams see their inter-token interval grow by at most that factor; once more for
+  every prompt waiting to start beyond the next two, so that a queue of long prompts is not
+  read at a trickle while a few streams decode. Short prompts are not throttled: getting
   them into the batch at once is what keeps throughput and time to first token up.
+- A throttled step decodes alone (no prefill) when its row count's decode time was last
+  measured over `probe_after_s` ago, at most one step in `probe_every_s`: under a steady
+  stream of prompts no step decodes alone otherwise, and the budget would rest on a step
+  time measured with other rows long before.
 - KV blocks are accounted by the pool (runner/kv/pool.py): a sequence in flight holds a
   table there from admission until it is released. Admission waits for free blocks; before
   each step every running sequence reserves the position it writes, and one that cannot
@@ -44,6 +50,8 @@ Invariants:
 from __future__ import annotations
 
 import itertools
+import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -104,12 +112,17 @@ class SchedulerConfig:
     # and its 8,000-token prompts' TTFT at 9.6-11.8 s (6.8-12.6 s) (docs/PERFORMANCE.md).
     stall_factor: float = 0.5
     long_prompt_tokens: int = 512
+    # While prefill is throttled, a step decodes alone when its row count's decode time was
+    # last measured over `probe_after_s` ago, at most one step in `probe_every_s`.
+    probe_after_s: float = 2.0
+    probe_every_s: float = 0.5
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, pool: KVPool,
                  admit: Callable[[Sequence, Admission], int], eos_token_ids: set[int],
-                 stop_matched: Callable[[Sequence], bool] = lambda seq: False):
+                 stop_matched: Callable[[Sequence], bool] = lambda seq: False,
+                 clock: Callable[[], float] = time.monotonic):
         """`admit(seq, admission)` prepares a sequence's cache where the pool placed it and
         returns how many of its tokens are already computed. `stop_matched(seq)` is the text
         side's verdict: True once a stop string appears in the text of `seq.output_tokens`."""
@@ -122,7 +135,9 @@ class Scheduler:
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
         self._release: list[Sequence] = []
-        self.timer = StepTimer()
+        self._clock = clock
+        self.timer = StepTimer(clock=clock)
+        self._probed_at = -math.inf
         self.num_preempted = 0  # sequences requeued for want of blocks, since the start
         self._bursting = False  # the last step was a burst's and left prompts waiting
 
@@ -227,8 +242,23 @@ class Scheduler:
     @property
     def stall_allowance_s(self) -> float:
         """How much time prefill work may add to a step while streams decode: `stall_factor`
-        decode steps (0 before a decode step is measured)."""
-        return self.config.stall_factor * (self.timer.decode_s or 0.0)
+        decode steps of this many rows (0 before a decode step is measured), once more for
+        every prompt waiting to start beyond the next two in line."""
+        rows = len(self.running)
+        queued = len(self.waiting) + len(self.prefilling)
+        share = max(1, queued - 1)
+        return self.config.stall_factor * (self.timer.decode_for(rows) or 0.0) * share
+
+    def _probe_decode(self, num_decode: int) -> bool:
+        """Should this step, one whose prefill is throttled, decode alone, so that the time
+        of a decode step of this many rows is measured again (at most every
+        `probe_every_s`, for a row count measured over `probe_after_s` ago)?"""
+        now = self._clock()
+        if self.timer.decode_age_s(num_decode) <= self.config.probe_after_s or \
+                now - self._probed_at < self.config.probe_every_s:
+            return False
+        self._probed_at = now
+        return True
 
     def _long_prompt(self, waiting: int = 1) -> bool:
         """Is a long prompt being read (or among the next `waiting` in line)? Judged by the
@@ -248,6 +278,8 @@ class Scheduler:
         chunk = self.config.burst_tokens if burst else self.config.prefill_chunk
         size = min(chunk, self.config.step_token_budget - num_decode)
         if num_decode and self._long_prompt():
+            if self._probe_decode(num_decode):
+                return 0
             context = self.prefilling[0].num_computed if self.prefilling else 0
             timed = self.timer.chunk_for(self.stall_allowance_s, context)
             if timed is not None:

@@ -10,8 +10,11 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 import statistics
+import time
 from collections import deque
+from typing import Callable
 
 import numpy as np
 
@@ -40,12 +43,25 @@ class StepTimer:
     moving average: on a shared 2-core machine single steps took 11-47 ms around a median of
     21, and an average caught at a slow one (27 ms) let every chunk of a long prompt add 20 ms
     to its step, so the streams waited 2.2 of their median intervals instead of 1.75.
-    (docs/PERFORMANCE.md, "The prefill stall (session 10)".)"""
+    (docs/PERFORMANCE.md, "The prefill stall (session 10)".)
 
-    def __init__(self, weight: float = 0.3, window: int = 12, decode_window: int = 15):
+    It is kept per number of decoding rows (`decode_for`): one median for all made a step of
+    3 rows and a chunk look like 7 ms (a 1-row step measured long before) plus a chunk of
+    1 ms a token, and under a steady stream of prompts, where no step decodes alone, neither
+    was ever corrected (docs/PERFORMANCE.md, "Prompts queued behind a throttle"). A row count
+    with no median is read off the nearest ones; `decode_age_s` says how old a count's last
+    measurement is, so that the scheduler can measure it again."""
+
+    TRUSTED = 3  # decode steps of one row count before their median stands alone
+
+    def __init__(self, weight: float = 0.3, window: int = 12, decode_window: int = 15,
+                 clock: Callable[[], float] = time.monotonic):
         self.weight = weight
-        self.decode_s: float | None = None  # the median of the recent decode-only steps
-        self._decodes: deque[float] = deque(maxlen=decode_window)
+        self.decode_window = decode_window
+        self._clock = clock
+        self._decodes: dict[int, deque[float]] = {}  # rows -> recent decode-only steps
+        self._medians: dict[int, float] = {}
+        self._measured_at: dict[int, float] = {}
         self.prefill_token_s: float | None = None
         self.prefill_fixed_s = 0.0
         self.context_token_s = 0.0  # per token per position of context before it
@@ -59,10 +75,12 @@ class StepTimer:
         """`context`: where a single chunk started (the positions it attends over before
         its own)."""
         if num_decode and not num_prefill:
-            self._decodes.append(elapsed_s)
-            self.decode_s = statistics.median(self._decodes)  # numpy's costs ~0.5 ms a step
+            times = self._decodes.setdefault(num_decode, deque(maxlen=self.decode_window))
+            times.append(elapsed_s)
+            self._medians[num_decode] = statistics.median(times)  # numpy's: ~0.5 ms a step
+            self._measured_at[num_decode] = self._clock()
         elif num_prefill:
-            decode_part = (self.decode_s or 0.0) if num_decode else 0.0
+            decode_part = (self.decode_for(num_decode) or 0.0) if num_decode else 0.0
             extra = max(elapsed_s - decode_part, 0.0)
             if num_chunks == 1:
                 self._chunks.append((num_prefill, context, extra))
@@ -107,10 +125,49 @@ class StepTimer:
         self.context_token_s = per_position
         return True
 
+    def decode_for(self, rows: int) -> float | None:
+        """A decode-only step's time for `rows` rows (None before any decode step): the
+        median of their recent steps once there are `TRUSTED` of them; before that, the
+        median of those few and the value read off the other row counts (`_read_off`) as
+        many times as they fall short, so that one slow step (a probe taken while the machine
+        was busy) does not set the step's budget alone."""
+        samples = self._decodes.get(rows, ())
+        if len(samples) >= self.TRUSTED:
+            return self._medians[rows]
+        prior = self._read_off(rows)
+        if prior is None:
+            return self._medians.get(rows)
+        return statistics.median([*samples] + [prior] * (self.TRUSTED - len(samples)))
+
+    def _read_off(self, rows: int) -> float | None:
+        """A step of `rows` rows from the medians of the other row counts: on the line
+        through the nearest count on either side, else through the two nearest on one side,
+        else the nearest one's. The line never falls with more rows."""
+        known = {r: m for r, m in self._medians.items() if r != rows}
+        if not known:
+            return None
+        below = sorted(r for r in known if r < rows)
+        above = sorted(r for r in known if r > rows)
+        if below and above:
+            r0, r1 = below[-1], above[0]
+        else:
+            side = below[-2:] if below else above[:2]
+            if len(side) == 1:
+                return known[side[0]]
+            r0, r1 = side
+        slope = max(known[r1] - known[r0], 0.0) / (r1 - r0)
+        near = r0 if abs(rows - r0) <= abs(rows - r1) else r1
+        return max(known[near] + slope * (rows - near), 0.2 * known[near])
+
+    def decode_age_s(self, rows: int) -> float:
+        """Seconds since a decode-only step of `rows` rows was measured (inf if never)."""
+        at = self._measured_at.get(rows)
+        return math.inf if at is None else self._clock() - at
+
     def chunk_for(self, extra_s: float, context: int = 0) -> int | None:
         """Prefill tokens that fit in `extra_s` for a chunk starting at position `context`,
         or None before there are measurements."""
-        if not self.decode_s or not (self.prefill_token_s or self.context_token_s):
+        if not self._medians or not (self.prefill_token_s or self.context_token_s):
             return None
         room = max(extra_s - self.prefill_fixed_s, 0.0)
         linear = self.prefill_token_s + self.context_token_s * context

@@ -50,12 +50,17 @@ def poisson_arrivals(rng: random.Random, count: int, rate_per_s: float) -> list[
     return out
 
 
-def rate_for_in_flight(in_flight: float, service_s: float) -> float:
-    """Little's law: a mean of `in_flight` requests each taking `service_s` needs this many
-    arrivals a second."""
-    if service_s <= 0:
-        raise ValueError(f"service time must be positive, got {service_s}")
-    return in_flight / service_s
+def busy_rate(records: list[RequestRecord], mean_gen_tokens: float) -> tuple[float, float]:
+    """From a closed loop (each worker sends its next request as its last one ends): the
+    output tokens a second while every worker was busy (up to the last request's start), and
+    the requests a second that finish at that pace, replies of `mean_gen_tokens` each."""
+    busy_from = min(r.start_s for r in records)
+    busy_to = max(r.start_s for r in records)
+    tokens = sum(1 for r in records for t in r.token_times_s if t <= busy_to)
+    if busy_to <= busy_from or not tokens or mean_gen_tokens <= 0:
+        raise ValueError("no tokens while the workers were busy")
+    tok_s = tokens / (busy_to - busy_from)
+    return tok_s / mean_gen_tokens, tok_s
 
 
 @dataclass(slots=True)

@@ -46,10 +46,17 @@ def test_poisson_arrivals_have_the_rate_asked():
         traffic.poisson_arrivals(random.Random(1), 3, 0.0)
 
 
-def test_little_law_rate():
-    assert traffic.rate_for_in_flight(16, 4.0) == pytest.approx(4.0)
+def test_the_calibrated_rate_is_the_output_pace_while_every_worker_is_busy():
+    # Two workers: requests start at 0, 0, 2 and 5 s; tokens after the last start (5 s) are
+    # the drain, not counted: 10 tokens in 5 s, 2 a second, replies of 4 tokens: 0.5 a second.
+    records = [RequestRecord(0.0, token_times_s=[0.5, 1.0, 1.5, 2.0]),
+               RequestRecord(0.0, token_times_s=[1.0, 2.0, 3.0, 4.0, 5.0]),
+               RequestRecord(2.0, token_times_s=[6.0, 7.0]),
+               RequestRecord(5.0, token_times_s=[5.0, 6.0])]
+    rate, tok_s = traffic.busy_rate(records, 4.0)
+    assert tok_s == pytest.approx(10 / 5) and rate == pytest.approx(0.5)
     with pytest.raises(ValueError):
-        traffic.rate_for_in_flight(16, 0.0)
+        traffic.busy_rate([RequestRecord(0.0), RequestRecord(1.0)], 4.0)
 
 
 def test_chat_history_resends_questions_and_replies_in_order():

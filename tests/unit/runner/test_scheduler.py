@@ -1,5 +1,7 @@
 """Scheduler behaviour with a fake model step: no mlx, hand-made results."""
 
+import math
+
 from mlxr.runner.kv.pool import KVPool
 from mlxr.runner.request import Sequence, SeqStatus
 from mlxr.runner.scheduler import Scheduler, SchedulerConfig, StepPlan, StepResult
@@ -480,8 +482,9 @@ def test_a_long_history_mostly_cached_is_not_a_long_prompt():
     pool.release(900, history, len(history))  # a finished turn: its blocks stay cached
     step = FakeModelStep(cached={2: 320})
     sched = Scheduler(SchedulerConfig(prefill_chunk=512, min_prefill_chunk=16, stall_factor=1.0,
-                                      long_prompt_tokens=300), pool, step.admit, {EOS})
-    stream_decoding_40ms_steps(sched, step)
+                                      long_prompt_tokens=300, probe_after_s=math.inf),
+                      pool, step.admit, {EOS})
+    stream_decoding_40ms_steps(sched, step)  # one row's steps; two rows' are read off them
     turn = Sequence(seq_id=2, prompt_tokens=history + list(range(1, 81)), options=Options(),
                     max_new_tokens=5, context_length=1000, shift=True, num_keep=4)
     sched.add(turn)
@@ -510,3 +513,109 @@ def test_a_burst_starts_in_passes_of_burst_tokens():
         assert all((c.start, c.end) == (0, 100) for c in plan.prefills)
         starts.append([c.seq.seq_id for c in plan.prefills])
     assert starts == [list(range(1, 9)), list(range(9, 17)), []]
+
+
+# -- throttled prefill with prompts queued ---------------------------------------------------
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def timed_step(sched, step, clock, decode_s, chunk_s):
+    """One step that takes decode_s(rows) plus chunk_s(tokens) for its prefill, if any, on
+    the fake clock; the plan."""
+    plan = sched.schedule()
+    tokens = sum(c.end - c.start for c in plan.prefills)
+    elapsed = (decode_s(len(plan.decode)) if plan.decode else 0.0) + \
+        (chunk_s(tokens) if tokens else 0.0)
+    clock.now += elapsed
+    sched.observe(plan, elapsed)
+    sched.update(plan, step.run(plan))
+    return plan
+
+
+def decode_cost(rows: int) -> float:
+    return 0.004 + 0.002 * rows
+
+
+def chunk_cost(tokens: int) -> float:
+    return 0.003 + 0.00005 * tokens
+
+
+def test_prompts_queued_behind_a_throttle_are_read_as_fast_as_their_share_allows():
+    # A stream decodes alone (its steps measured at one row), then twelve 1,500-token
+    # prompts arrive. With the throttle sized by that one-row step and nothing else, every
+    # chunk was the 16-token minimum: the one-row time was never measured again while prompts
+    # queued, and a 16-token chunk's fixed cost made its tokens look dear. The last prompt
+    # started 15 s later.
+    clock = FakeClock()
+    step = FakeModelStep()
+    sched = Scheduler(SchedulerConfig(), token_pool(), step.admit, {EOS}, clock=clock)
+    sched.add(make_seq(0, 30, max_new=100_000))
+    for _ in range(8):
+        timed_step(sched, step, clock, decode_cost, chunk_cost)
+    prompts = [make_seq(i, 1500, max_new=100_000) for i in range(1, 13)]
+    for seq in prompts:
+        sched.add(seq)
+    start, sizes = clock.now, []
+    while not all(seq.output_tokens for seq in prompts):
+        plan = timed_step(sched, step, clock, decode_cost, chunk_cost)
+        sizes += [c.end - c.start for c in plan.prefills]
+        assert clock.now - start < 60, "the prompts never started"
+    assert clock.now - start < 3.0, f"the last prompt started {clock.now - start:.1f} s later"
+    assert max(sizes) >= 256
+
+
+def test_with_few_prompts_queued_the_throttle_holds_a_chunk_to_its_stall_allowance():
+    # Eight streams and one long prompt (issue 7's stall case), then a second behind it (the
+    # `long` scenario's two): half a decode step of eight rows; a third adds another half.
+    clock = FakeClock()
+    step = FakeModelStep()
+    sched = Scheduler(SchedulerConfig(), token_pool(), step.admit, {EOS}, clock=clock)
+    for i in range(8):
+        sched.add(make_seq(i, 30, max_new=100_000))
+    for _ in range(8):
+        timed_step(sched, step, clock, decode_cost, chunk_cost)
+    sched.add(make_seq(98, 2000, max_new=10, ctx=4096))
+    assert sched.stall_allowance_s == 0.5 * decode_cost(8)
+    sched.add(make_seq(99, 2000, max_new=10, ctx=4096))
+    assert sched.stall_allowance_s == 0.5 * decode_cost(8)
+    sched.add(make_seq(100, 2000, max_new=10, ctx=4096))
+    assert sched.stall_allowance_s == 2 * 0.5 * decode_cost(8)
+    allowances, extras = [], []
+    for _ in range(40):
+        allowance = sched.stall_allowance_s
+        plan = timed_step(sched, step, clock, decode_cost, chunk_cost)
+        if plan.prefills:
+            allowances.append(allowance)
+            extras.append(chunk_cost(sum(c.end - c.start for c in plan.prefills)))
+    assert allowances[0] == 2 * 0.5 * decode_cost(8) and allowances[-1] == 0.5 * decode_cost(8)
+    # the cost model learns a chunk's fixed part as it goes (a per-token average before it
+    # has chunks of different sizes, which makes a chunk after a change of rows up to 30%
+    # dearer than it thought)
+    assert all(extra <= 1.3 * a for extra, a in zip(extras, allowances)), \
+        [(round(e * 1000, 2), round(a * 1000, 2)) for e, a in zip(extras, allowances)]
+
+
+def test_a_throttled_step_decodes_alone_to_time_a_row_count_not_measured_lately():
+    clock = FakeClock()
+    step = FakeModelStep()
+    config = SchedulerConfig()
+    sched = Scheduler(config, token_pool(), step.admit, {EOS}, clock=clock)
+    sched.add(make_seq(0, 30, max_new=100_000))
+    for _ in range(4):
+        timed_step(sched, step, clock, decode_cost, chunk_cost)
+    sched.add(make_seq(1, 30, max_new=100_000))
+    timed_step(sched, step, clock, decode_cost, chunk_cost)  # joins, unthrottled: 2 rows now
+    sched.add(make_seq(2, 5000, max_new=10))
+    plan = timed_step(sched, step, clock, decode_cost, chunk_cost)
+    assert len(plan.decode) == 2 and plan.prefills == [], "two rows never timed: a probe"
+    assert sched.timer.decode_for(2) is not None and sched.timer.decode_age_s(2) == 0
+    plans = [timed_step(sched, step, clock, decode_cost, chunk_cost) for _ in range(20)]
+    assert all(p.prefills for p in plans), "measured just now: no probe for a while"
+    clock.now += config.probe_after_s
+    assert timed_step(sched, step, clock, decode_cost, chunk_cost).prefills == []

@@ -42,7 +42,55 @@ def test_a_slow_decode_step_does_not_move_the_decode_estimate():
     timer = StepTimer()
     for elapsed in (0.020, 0.021, 0.019, 0.020, 0.070, 0.020, 0.011):
         timer.observe(8, 0, elapsed)
-    assert timer.decode_s == 0.020
+    assert timer.decode_for(8) == 0.020
     for elapsed in (0.060, 0.060, 0.060, 0.060, 0.060, 0.060, 0.060, 0.060):
         timer.observe(8, 0, elapsed)
-    assert timer.decode_s == 0.060  # a lasting change is followed
+    assert timer.decode_for(8) == 0.060  # a lasting change is followed
+
+
+def decode_steps(timer, rows: int, *times: float) -> None:
+    for elapsed in times:
+        timer.observe(rows, 0, elapsed)
+
+
+def test_a_decode_step_is_timed_per_number_of_rows_and_read_off_the_others_between():
+    timer = StepTimer()
+    assert timer.decode_for(4) is None
+    decode_steps(timer, 2, 0.010, 0.010, 0.010)
+    decode_steps(timer, 8, 0.022, 0.022, 0.022)
+    assert timer.decode_for(2) == 0.010 and timer.decode_for(8) == 0.022
+    assert abs(timer.decode_for(5) - 0.016) < 1e-12  # between the two
+    assert abs(timer.decode_for(12) - 0.030) < 1e-12  # 2 ms a row further on
+    assert abs(timer.decode_for(1) - 0.008) < 1e-12
+
+
+def test_one_step_of_a_row_count_does_not_set_its_time_alone():
+    # A probe taken while the machine was busy would set every chunk's budget for seconds.
+    timer = StepTimer()
+    decode_steps(timer, 2, 0.010, 0.010, 0.010)
+    decode_steps(timer, 8, 0.022, 0.022, 0.022)
+    decode_steps(timer, 5, 0.060)
+    assert abs(timer.decode_for(5) - 0.016) < 1e-12
+    decode_steps(timer, 5, 0.018)
+    assert timer.decode_for(5) == 0.018
+    decode_steps(timer, 5, 0.019)
+    assert timer.decode_for(5) == 0.019  # three steps of its own: their median
+
+
+def test_more_rows_are_never_read_off_as_faster():
+    timer = StepTimer()
+    decode_steps(timer, 2, 0.020, 0.020, 0.020)
+    decode_steps(timer, 4, 0.010, 0.010, 0.010)  # noise, or longer contexts at 2 rows
+    assert timer.decode_for(3) == 0.020
+    assert timer.decode_for(6) == 0.010
+
+
+def test_the_age_of_a_row_counts_measurement():
+    now = [100.0]
+    timer = StepTimer(clock=lambda: now[0])
+    assert timer.decode_age_s(3) == float("inf")
+    decode_steps(timer, 3, 0.020)
+    now[0] += 2.5
+    assert timer.decode_age_s(3) == 2.5
+    timer.observe(3, 16, 0.030)  # a step with a chunk measures no decode step
+    assert timer.decode_age_s(3) == 2.5
