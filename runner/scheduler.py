@@ -106,11 +106,14 @@ class SchedulerConfig:
     # 499/530 -> 362/416 ms, p99 1,187/1,238 -> 977/1,140 ms in alternating pairs against the
     # whole budget; the 16-stream sweep within noise: docs/PERFORMANCE.md).
     burst_tokens: int = 1024
-    # Prefill may add half a decode step to a step while streams decode and a long prompt is
-    # read. With chunks read in numpy (runner/host_prefill.py), 0.5 against 0.75 held the
-    # `long` scenario's short streams at 1.29-1.45x their inter-token p99 alone (1.41-1.73x),
-    # and its 8,000-token prompts' TTFT at 9.6-11.8 s (6.8-12.6 s) (docs/PERFORMANCE.md).
-    stall_factor: float = 0.5
+    # Prefill may add 0.35 of a decode step to a step while streams decode and a long prompt
+    # is read. Against 0.5, in five alternating pairs of the `long` and `stall` scenarios:
+    # the short streams' inter-token p50 with the long prompts 1.27-1.64x their value alone
+    # (1.44-1.56x), the stall's longest gap 1.85-3.48 intervals, median 1.91 (1.75-2.68, median
+    # 2.35), the 8,000-token prompts' TTFT 10.1-11.1 s (10.2-12.7 s: the short streams end
+    # first, and the rest is read unthrottled), and `mixed` at the same arrivals 429 against
+    # 434 tok/s (docs/PERFORMANCE.md, "Prompts queued behind a throttle").
+    stall_factor: float = 0.35
     long_prompt_tokens: int = 512
     # While prefill is throttled, a step decodes alone when its row count's decode time was
     # last measured over `probe_after_s` ago, at most one step in `probe_every_s`.

@@ -572,20 +572,23 @@ def test_prompts_queued_behind_a_throttle_are_read_as_fast_as_their_share_allows
 
 def test_with_few_prompts_queued_the_throttle_holds_a_chunk_to_its_stall_allowance():
     # Eight streams and one long prompt (issue 7's stall case), then a second behind it (the
-    # `long` scenario's two): half a decode step of eight rows; a third adds another half.
+    # `long` scenario's two): stall_factor of a decode step of eight rows; a third adds as
+    # much again.
     clock = FakeClock()
     step = FakeModelStep()
-    sched = Scheduler(SchedulerConfig(), token_pool(), step.admit, {EOS}, clock=clock)
+    config = SchedulerConfig()
+    sched = Scheduler(config, token_pool(), step.admit, {EOS}, clock=clock)
+    allowed = config.stall_factor * decode_cost(8)
     for i in range(8):
         sched.add(make_seq(i, 30, max_new=100_000))
     for _ in range(8):
         timed_step(sched, step, clock, decode_cost, chunk_cost)
     sched.add(make_seq(98, 2000, max_new=10, ctx=4096))
-    assert sched.stall_allowance_s == 0.5 * decode_cost(8)
+    assert sched.stall_allowance_s == allowed
     sched.add(make_seq(99, 2000, max_new=10, ctx=4096))
-    assert sched.stall_allowance_s == 0.5 * decode_cost(8)
+    assert sched.stall_allowance_s == allowed
     sched.add(make_seq(100, 2000, max_new=10, ctx=4096))
-    assert sched.stall_allowance_s == 2 * 0.5 * decode_cost(8)
+    assert sched.stall_allowance_s == 2 * allowed
     allowances, extras = [], []
     for _ in range(40):
         allowance = sched.stall_allowance_s
@@ -593,7 +596,7 @@ def test_with_few_prompts_queued_the_throttle_holds_a_chunk_to_its_stall_allowan
         if plan.prefills:
             allowances.append(allowance)
             extras.append(chunk_cost(sum(c.end - c.start for c in plan.prefills)))
-    assert allowances[0] == 2 * 0.5 * decode_cost(8) and allowances[-1] == 0.5 * decode_cost(8)
+    assert allowances[0] == 2 * allowed and allowances[-1] == allowed
     # the cost model learns a chunk's fixed part as it goes (a per-token average before it
     # has chunks of different sizes, which makes a chunk after a change of rows up to 30%
     # dearer than it thought)
