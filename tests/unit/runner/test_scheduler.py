@@ -551,7 +551,7 @@ def test_prompts_queued_behind_a_throttle_are_read_as_fast_as_their_share_allows
     # prompts arrive. With the throttle sized by that one-row step and nothing else, every
     # chunk was the 16-token minimum: the one-row time was never measured again while prompts
     # queued, and a 16-token chunk's fixed cost made its tokens look dear. The last prompt
-    # started 15 s later.
+    # started 39 s later.
     clock = FakeClock()
     step = FakeModelStep()
     sched = Scheduler(SchedulerConfig(), token_pool(), step.admit, {EOS}, clock=clock)
