@@ -33,8 +33,8 @@ import orjson
 
 from mlxr.shared.blas import BlasChoice, choose
 from mlxr.shared.config import RunnerConfig, Settings
-from mlxr.shared.errors import (InvalidModelFile, MlxrError, RunnerFailed, from_status,
-                                from_wire)
+from mlxr.shared.errors import (InvalidModelFile, MlxrError, RunnerFailed, Unauthorized,
+                                from_status, from_wire)
 from mlxr.shared.exits import describe_exit
 from mlxr.shared.protocol import Chunk, CompletionRequest, EmbedRequest, EmbedResponse, RunnerStatus
 from mlxr.shared.runner_auth import auth_header, make_token
@@ -191,6 +191,10 @@ class RunnerClient:
                     status = await self.status(timeout_s=2.0)
                 except (*TRANSPORT_ERRORS, ValueError):
                     status = None
+                except Unauthorized:
+                    # Not ours (ours has our token): another process took the port between
+                    # `free_port` and our runner's bind, which then fails, and the runner exits.
+                    status = None
                 if status is not None and status.status == "ready":
                     return status
                 if status is not None and status.status == "error":
@@ -240,7 +244,10 @@ class RunnerClient:
     async def status(self, timeout_s: float = 5.0) -> RunnerStatus:
         async with self.http.get("/v1/status",
                                  timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            return RunnerStatus.from_dict(orjson.loads(await resp.read()))
+            content = await resp.read()
+        if resp.status != 200:
+            raise _http_error(resp.status, content)
+        return RunnerStatus.from_dict(orjson.loads(content))
 
     async def embed(self, request: EmbedRequest) -> EmbedResponse:
         return EmbedResponse.from_dict(await self._post_json("/v1/embeddings", request.to_dict()))
@@ -422,6 +429,23 @@ class RunnerGroup(GroupMixin, RunnerClient):
             raise
 
 
+PORT_ATTEMPTS = 3  # `free_port` hands out a port another process may bind first
+
+
+async def _ready(client: RunnerClient, timeout_s: float) -> RunnerClient:
+    try:
+        await client.wait_ready(timeout_s)
+    except BaseException:
+        await asyncio.shield(client.stop(grace_s=1.0))
+        raise
+    return client
+
+
+def _port_taken(client: RunnerClient) -> bool:
+    """Did the runner exit because its port was in use (EADDRINUSE)?"""
+    return not client.alive and "address already in use" in client.stderr_tail().lower()
+
+
 def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
                         ) -> Callable[[Any], Awaitable[RunnerClient]]:
     """The production factory: spawn `python -m mlxr.runner` for a LoadSpec and wait until ready."""
@@ -442,14 +466,19 @@ def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
             client: RunnerClient = await RunnerGroup.spawn_group(
                 config, list(spec.hosts), module=settings.runner_module, blas=library,
                 remote_shell=settings.remote_shell)
-        else:
+            return await _ready(client, settings.load_timeout_s)
+        attempts = 1
+        while True:
             client = await RunnerClient.spawn(config, module=settings.runner_module,
                                               blas=library)
-        try:
-            await client.wait_ready(settings.load_timeout_s)
-        except BaseException:
-            await asyncio.shield(client.stop(grace_s=1.0))
-            raise
-        return client
+            try:
+                return await _ready(client, settings.load_timeout_s)
+            except RunnerFailed:
+                if attempts == PORT_ATTEMPTS or not _port_taken(client):
+                    raise
+            log.info("port %d was taken before the runner bound it; trying another",
+                     config.port)
+            config = dataclasses.replace(config, port=free_port())
+            attempts += 1
 
     return start
