@@ -189,11 +189,9 @@ class RunnerClient:
                     raise self.exit_failure("while loading")
                 try:
                     status = await self.status(timeout_s=2.0)
-                except (*TRANSPORT_ERRORS, ValueError):
-                    status = None
-                except Unauthorized:
-                    # Not ours (ours has our token): another process took the port between
-                    # `free_port` and our runner's bind, which then fails, and the runner exits.
+                except (*TRANSPORT_ERRORS, ValueError, Unauthorized):
+                    # A 401 is not ours (ours has our token): another process took the port
+                    # between `free_port` and our runner's bind, which then fails and exits.
                     status = None
                 if status is not None and status.status == "ready":
                     return status
@@ -442,8 +440,8 @@ async def _ready(client: RunnerClient, timeout_s: float) -> RunnerClient:
 
 
 def _port_taken(client: RunnerClient) -> bool:
-    """Did the runner exit because its port was in use (EADDRINUSE)?"""
-    return not client.alive and "address already in use" in client.stderr_tail().lower()
+    """Did the (stopped) runner fail because its port was in use (EADDRINUSE)?"""
+    return "address already in use" in client.stderr_tail().lower()
 
 
 def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
