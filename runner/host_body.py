@@ -36,6 +36,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, openblas_sgemm, openblas_sgemv
 from mlxr.runner.host_ops import Gemm, RopeTables
+from mlxr.runner.row_kernel import RowKernel
 from mlxr.runner.host_swiglu import silu_times
 from mlxr.runner.kv.host_attention import attend_position
 
@@ -219,7 +220,8 @@ class _Rotations:
 
 class HostBody:
     def __init__(self, embed: np.ndarray, layers: list[_Layer], norm: tuple,
-                 rotations: _Rotations, weights: list[mx.array], library: str | None = None):
+                 rotations: _Rotations, weights: list[mx.array], library: str | None = None,
+                 kernel: RowKernel | None = None):
         self._weights = weights  # keep the buffers the numpy views point into alive
         self.embed = embed
         self._project = _Products(openblas_sgemv(library))
@@ -230,7 +232,7 @@ class HostBody:
         self.norm = norm
         self.rotations = rotations
         self.head_dim = layers[0].q[0].shape[0] // layers[0].heads
-        self.gemm = Gemm(openblas_sgemm(library))
+        self.gemm = Gemm(openblas_sgemm(library), kernel)
         try:  # per-position tables for many rows (and prefill chunks), where the rope allows
             self.rope_tables: RopeTables | None = RopeTables(rotations)
         except ValueError as exc:
@@ -238,9 +240,11 @@ class HostBody:
             self.rope_tables = None
 
     @classmethod
-    def find(cls, model, library: str | None = None) -> "HostBody | None":
+    def find(cls, model, library: str | None = None,
+             kernel: RowKernel | None = None) -> "HostBody | None":
         """A host body for `model`'s decode steps, or None where it does not apply.
-        `library`: an OpenBLAS to load when none is preloaded (tests)."""
+        `library`: an OpenBLAS to load when none is preloaded (tests). `kernel`: the row
+        kernel for batched rows' products (runner/row_kernel.py), where the head uses it."""
         if mx.default_device() != mx.cpu:
             return None
         body = getattr(model, "model", None)
@@ -266,7 +270,7 @@ class HostBody:
                 for at in (1, 4099):
                     if not np.array_equal(other.make(at, 1), rotations.make(at, 1)):
                         return None
-            host = cls(table, parsed, norm, rotations, weights, library)
+            host = cls(table, parsed, norm, rotations, weights, library, kernel)
             return host if host.matches(model) else None
         except Exception as exc:  # a rope or layer this code does not read
             log.info("decode body in numpy does not apply (%s)", exc)

@@ -1,30 +1,41 @@
-"""The LM head as BLAS matrix-vector products, for decode batches of a few rows on a CPU.
+"""The LM head as host products, for decode batches on a CPU.
 
-MLX's CPU matmul always calls `cblas_sgemm`. For one row of the 30M model's 151,680 x 192
-head, OpenBLAS's sgemm takes 6-10 ms where `cblas_sgemv` over the same weights takes about
-2 ms, so a single stream's token goes from 13.5 to 7.2 ms (docs/PERFORMANCE.md). At three
-rows a whole token costs about the same either way, and from four on one sgemm wins, so the
-MLX head is used from three rows.
+MLX's CPU matmul always calls `cblas_sgemm`, and OpenBLAS's sgemm packs the whole weight on
+every call. For the 30M model's 151,680 x 192 head that is 8-14 ms for 1-16 rows on the Zen 4
+EPYC. Two host products read the weight fewer times:
+- `cblas_sgemv`, a row at a time: about 4 ms a row (the fastest for one row);
+- the C kernel of runner/row_kernel.py, which reads the weight once for up to 16 rows: 5-10
+  ms for 2-16 rows, 27 ms for 64 against MLX's 46 (docs/PERFORMANCE.md, "The decode step in
+  C").
+With the kernel the host head takes up to KERNEL_MAX_ROWS rows, one row through sgemv where
+OpenBLAS is preloaded; without it, sgemv up to MAX_ROWS rows (at three a wash with MLX's one
+sgemm, from four MLX's wins).
 
 Used only when all of these hold, else `HostHead.find` returns None and nothing changes:
 the default device is the CPU; the head is a plain float32 matrix (an unquantized `lm_head`
-without bias, or tied float32 embeddings); the runner was started with OpenBLAS preloaded;
-and on a probe the products match the MLX head.
+without bias, or tied float32 embeddings); the kernel was built or OpenBLAS was preloaded;
+and on a probe the products match the MLX head. The kernel is kept only where, on this CPU,
+it beats the MLX head at KERNEL_PROBE_ROWS rows.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from mlxr.runner.row_kernel import RowKernel
+
 log = logging.getLogger("mlxr.runner")
 
 MAX_ROWS = 2  # per-row sgemv (2.4 ms each) against one sgemm (8-10 ms); at 3 rows a wash
+KERNEL_MAX_ROWS = 64  # the kernel beat MLX's head at every count measured, 1-64
+KERNEL_PROBE_ROWS = 16
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # cblas: row-major, (no) transpose
 
 
@@ -96,26 +107,54 @@ def _head_weight(model) -> mx.array | None:
 
 
 class HostHead:
-    def __init__(self, weight: mx.array, sgemv: Callable[..., None]):
+    def __init__(self, weight: mx.array, sgemv: Callable[..., None] | None,
+                 kernel: RowKernel | None = None):
         mx.eval(weight)
         self._weight = weight  # keeps the buffer the numpy view points into alive
         self._matrix = np.asarray(weight)
         self._sgemv = sgemv
+        self.kernel = kernel
         self.vocab, self.hidden = self._matrix.shape
+        self._out = np.empty((0, self.vocab), dtype=np.float32)
+
+    @property
+    def max_rows(self) -> int:
+        """The most rows a decode step hands this head."""
+        return KERNEL_MAX_ROWS if self.kernel is not None else MAX_ROWS
 
     @classmethod
     def find(cls, model, mlx_head: Callable[[mx.array], mx.array] | None,
-             library: str | None = None) -> "HostHead | None":
+             library: str | None = None, kernel: bool = True,
+             rival: Callable[[mx.array], mx.array] | None = None) -> "HostHead | None":
         """A host head equal to `mlx_head` for this model, or None where it does not apply.
-        `library`: an OpenBLAS to load when none is preloaded (tests)."""
+        `library`: an OpenBLAS to load when none is preloaded (tests). `kernel`: try the C
+        kernel (runner/row_kernel.py), kept where it beats `rival` (the head the runner
+        would use instead; default `mlx_head`)."""
         weight = cpu_head_weight(model, mlx_head)
-        if weight is None:
+        if weight is None or not np.asarray(weight).flags.c_contiguous:
             return None
         sgemv = openblas_sgemv(library)
-        if sgemv is None or not np.asarray(weight).flags.c_contiguous:
+        head = cls(weight, sgemv, RowKernel.load() if kernel else None)
+        if head.kernel is not None and not head._kernel_pays(mlx_head, rival or mlx_head):
+            head.kernel = None
+        if head.kernel is None and sgemv is None:
             return None
-        head = cls(weight, sgemv)
-        return head if matches(head, mlx_head, 2, head.hidden, "BLAS") else None
+        return head if all(matches(head, mlx_head, rows, head.hidden, "host")
+                           for rows in {1, 2, min(head.max_rows, 13)}) else None
+
+    def _kernel_pays(self, mlx_head: Callable[[mx.array], mx.array],
+                     rival: Callable[[mx.array], mx.array]) -> bool:
+        """Does the kernel give the MLX head's logits and beat `rival` at KERNEL_PROBE_ROWS
+        rows on this CPU?"""
+        if not matches(self, mlx_head, KERNEL_PROBE_ROWS, self.hidden, "kernel"):
+            return False
+        probe = mx.random.normal((KERNEL_PROBE_ROWS, self.hidden), key=mx.random.key(2))
+        # The best of several: right after loading, and after each of the rival's products,
+        # OpenBLAS's threads spin for a while and take the cores the kernel's threads need.
+        ours, theirs = median_ms(self, probe, 7, best=True), median_ms(rival, probe, 7, best=True)
+        log.info("decode head at %d rows: C kernel %.1f ms, MLX %.1f ms", KERNEL_PROBE_ROWS,
+                 ours, theirs)
+        return ours < theirs
 
     def __call__(self, hidden: mx.array) -> mx.array:
         """Logits (B, vocab) for evaluated-or-lazy hidden states (B, hidden)."""
@@ -126,12 +165,32 @@ class HostHead:
         return mx.array(self.host_logits(hidden))
 
     def host_logits(self, hidden: np.ndarray) -> np.ndarray:
-        """`project`'s logits as a numpy array (no copy into MLX)."""
+        """`project`'s logits as a numpy array (no copy into MLX). The array is this head's
+        own buffer, valid until its next call: a fresh one for each step was 5,000 page faults
+        at 16 rows, which cost as much as the product."""
         rows = np.ascontiguousarray(hidden, dtype=np.float32)
-        out = np.empty((rows.shape[0], self.vocab), dtype=np.float32)
+        if self._out.shape[0] < rows.shape[0]:
+            self._out = np.empty((rows.shape[0], self.vocab), dtype=np.float32)
+        out = self._out[:rows.shape[0]]
+        if self.kernel is not None and (self._sgemv is None or rows.shape[0] > 1):
+            self.kernel.product(self._matrix, rows, out)
+            return out
         for i in range(rows.shape[0]):
             matvec(self._sgemv, self._matrix, rows[i], out[i])
         return out
+
+
+def median_ms(head: Callable[[mx.array], mx.array], probe: mx.array, repeats: int = 5,
+              best: bool = False) -> float:
+    """The median (`best`: the least) milliseconds of `head` on `probe`, evaluated, after one
+    untimed call."""
+    mx.eval(head(probe))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mx.eval(head(probe))
+        times.append(time.perf_counter() - start)
+    return 1000 * (min(times) if best else sorted(times)[repeats // 2])
 
 
 def matvec(sgemv: Callable[..., None], matrix: np.ndarray, x: np.ndarray,

@@ -8,18 +8,29 @@ import mlx.core as mx
 import numpy as np
 
 from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, TRANS
+from mlxr.runner.row_kernel import RowKernel
+
+KERNEL_ROWS = 64  # a decode batch's rows; a prefill chunk's longer products stay OpenBLAS's
 
 
 class Gemm:
-    """Row-major single-precision products through `cblas_sgemm`, else numpy's matmul."""
+    """Row-major single-precision products through `cblas_sgemm`, else numpy's matmul; a
+    Linear's product for up to KERNEL_ROWS rows through the row kernel where there is one
+    (runner/row_kernel.py: it keeps OpenBLAS's threads asleep during decode steps)."""
 
-    def __init__(self, sgemm):
+    def __init__(self, sgemm, kernel: RowKernel | None = None):
         self._sgemm = sgemm
+        self.kernel = kernel
 
     def linear(self, x: np.ndarray, linear) -> np.ndarray:
         """x (n, in) times the transpose of a Linear's weight (out, in), plus its bias."""
         weight, bias = (linear.weight, linear.bias) if hasattr(linear, "weight") else linear
-        if self._sgemm is None or not weight.flags.c_contiguous:
+        if self.kernel is not None and x.shape[0] <= KERNEL_ROWS and \
+                weight.flags.c_contiguous and weight.dtype == np.float32:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)
+            self.kernel.product(weight, x, out)
+        elif self._sgemm is None or not weight.flags.c_contiguous:
             out = x @ weight.T
         else:
             x = np.ascontiguousarray(x)

@@ -29,7 +29,7 @@ from mlxr.runner.architectures import logit_transform
 from mlxr.runner.host_body import BATCH_MAX_ROWS as HOST_BATCH_MAX_ROWS
 from mlxr.runner.host_body import MAX_ROWS as HOST_BODY_MAX_ROWS, HostBody
 from mlxr.runner.host_prefill import MAX_TOKENS as HOST_PREFILL_MAX_TOKENS, HostPrefill
-from mlxr.runner.host_head import MAX_ROWS as HOST_HEAD_MAX_ROWS, HostHead
+from mlxr.runner.host_head import HostHead
 from mlxr.runner.kv import rows as kv_rows
 from mlxr.runner.kv.padded import PaddedBatch
 from mlxr.runner.kv.pool import KVPool
@@ -103,11 +103,12 @@ class ModelStep:
         self.model = model
         self.vision = vision
         self.split = split_model(model)
-        self.host_head = HostHead.find(model, self.split.head) if self.split.body else None
         # The head for more rows than the host head takes: MLX's, or a transposed copy of its
         # weight where that is faster on this CPU.
         self.device_head = self.split.head and (
             TransposedHead.find(model, self.split.head) or self.split.head)
+        self.host_head = HostHead.find(model, self.split.head, rival=self.device_head) \
+            if self.split.body else None
         self._detok_top = detok_top  # token id -> text, for top_logprobs
         self._prefix_cache_bytes = prefix_cache_bytes
         self._host_attention = host_attention
@@ -115,7 +116,8 @@ class ModelStep:
             host_swiglu.install(model)
         self.num_layers = len(make_prompt_cache(model))
         self.uses_rows = rows and kv_rows.probe(model, self.num_layers)
-        self.host_body = HostBody.find(model) if (
+        self.host_body = HostBody.find(
+            model, kernel=self.host_head and self.host_head.kernel) if (
             host_attention and self.uses_rows and vision is None and not distributed
             and self.split.body is not None) else None
         self.host_prefill = HostPrefill.find(model, self.host_body)
@@ -423,7 +425,7 @@ class ModelStep:
                             None)
 
     def _host_head_for(self, rows: int) -> bool:
-        return self.host_head is not None and rows <= HOST_HEAD_MAX_ROWS
+        return self.host_head is not None and rows <= self.host_head.max_rows
 
     def _decode_rope(self):
         return contextlib.nullcontext() if self.vision is None else \

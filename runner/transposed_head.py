@@ -14,12 +14,11 @@ copy gives the model head's logits on a probe. It costs one more copy of the hea
 from __future__ import annotations
 
 import logging
-import time
 from typing import Callable
 
 import mlx.core as mx
 
-from mlxr.runner.host_head import cpu_head_weight, matches
+from mlxr.runner.host_head import cpu_head_weight, matches, median_ms
 
 log = logging.getLogger("mlxr.runner")
 
@@ -42,20 +41,10 @@ class TransposedHead:
         if not matches(head, mlx_head, _PROBE_ROWS, weight.shape[1], "transposed"):
             return None
         probe = mx.random.normal((_PROBE_ROWS, weight.shape[1]), key=mx.random.key(1))
-        ours, theirs = _median_ms(head, probe), _median_ms(mlx_head, probe)
+        ours, theirs = median_ms(head, probe), median_ms(mlx_head, probe)
         log.info("decode head: transposed weight %.1f ms, as stored %.1f ms (%d rows)",
                  ours, theirs, _PROBE_ROWS)
         return head if ours <= theirs * (1 - MIN_GAIN) else None
 
     def __call__(self, hidden: mx.array) -> mx.array:
         return hidden @ self.weight_t
-
-
-def _median_ms(head: Callable[[mx.array], mx.array], probe: mx.array, repeats: int = 5) -> float:
-    mx.eval(head(probe))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        mx.eval(head(probe))
-        times.append(time.perf_counter() - start)
-    return 1000 * sorted(times)[repeats // 2]

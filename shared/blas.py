@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from mlxr.shared.exits import describe_exit
+from mlxr.shared.native import compile_library
 
 log = logging.getLogger("mlxr.blas")
 
@@ -130,27 +130,10 @@ def _shim_name(source: Path) -> str:
 
 def build_shim(candidate: Candidate) -> str | None:
     """Compile the cblas shim over `candidate.forwards_to` unless it exists; an error or None."""
-    target = Path(candidate.path)
-    if target.exists():
-        return None
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return "no C compiler to build its cblas shim"
     source = Path(candidate.forwards_to)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-    try:
-        done = subprocess.run(
-            [compiler, "-O2", "-shared", "-fPIC", str(SHIM_SOURCE), "-o", str(partial),
-             f"-L{source.parent}", f"-l:{source.name}", f"-Wl,-rpath,{source.parent}"],
-            capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"building its cblas shim failed: {exc}"
-    if done.returncode != 0:
-        partial.unlink(missing_ok=True)
-        return f"building its cblas shim failed: {done.stderr.strip()[-300:]}"
-    os.replace(partial, target)
-    return None
+    error = compile_library(SHIM_SOURCE, Path(candidate.path), ["-O2"], [
+        f"-L{source.parent}", f"-l:{source.name}", f"-Wl,-rpath,{source.parent}"])
+    return f"building its cblas shim failed: {error}" if error else None
 
 
 def probe(library: str, timeout_s: float = PROBE_TIMEOUT_S) -> Verdict:

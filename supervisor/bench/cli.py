@@ -117,13 +117,18 @@ def main(argv: list[str] | None = None) -> None:
     wanted = {n.strip() for n in args.scenarios.split(",")} & set(realistic.NAMES)
     if args.scenario_scale <= 0:
         raise SystemExit("--scenario-scale must be positive")
-    runner_config = {"context_length": realistic.CONTEXT_LENGTH} if wanted else {}
+    # The context our runners serve: the realistic scenarios' 8,000 tokens and more, or a sweep's
+    # prompt and reply where they pass the default 4,096 (llama.cpp's slots are sized the same).
+    context = max(realistic.CONTEXT_LENGTH if wanted else 0,
+                  args.prompt_tokens + args.gen_tokens + 128)
+    context = context if context > Settings.from_env().context_length else 0
+    runner_config = {"context_length": context} if context else {}
     settings = Settings.from_env()  # as `mlxr serve`'s runners
     runner_config["kv_layout"] = settings.kv_layout
     runner_config["host_attention"] = settings.host_attention
     runner_config["float32_weights"] = settings.float32_weights
-    if wanted:  # 8,000 tokens of context: more than the default 4,096 (our runners only)
-        os.environ.setdefault("MLXR_CONTEXT_LENGTH", str(realistic.CONTEXT_LENGTH))
+    if context:  # more than the default 4,096 (our runners only)
+        os.environ.setdefault("MLXR_CONTEXT_LENGTH", str(context))
     try:
         parallel = max(levels + [16])
         server = peers.start_supervisor(served_dir, work, parallel)

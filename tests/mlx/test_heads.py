@@ -62,7 +62,7 @@ def test_the_transposed_head_is_kept_only_where_it_is_faster(tiny_model, monkeyp
     model, _ = load(str(tiny_model))
     split = split_model(model)
     timings = {}
-    monkeypatch.setattr(transposed_head, "_median_ms",
+    monkeypatch.setattr(transposed_head, "median_ms",
                         lambda head, probe: timings["ours" if isinstance(head, TransposedHead)
                                                     else "theirs"])
     timings.update(ours=8.0, theirs=10.0)

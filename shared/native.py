@@ -1,0 +1,69 @@
+"""C sources compiled on demand into shared libraries, with the system C compiler.
+
+The wheels we depend on ship no kernel for a few hot spots (shared/assets/*.c), so they are
+compiled on the machine that runs them, the first time they are needed, into the cache
+directory.
+
+Invariants:
+- A library is written to a temporary name and renamed into place, so a reader (another
+  runner building the same library at the same time) sees the whole file or none.
+- `cached_library`'s file name holds a digest of the source, the flags, the compiler and
+  this CPU (shared/blas.py `cpu_key`): a change to any of them builds a new file, and a cache
+  directory shared between machines never hands one machine another's build.
+- Nothing raises for a missing or failing compiler: the caller gets the reason and keeps its
+  fallback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+COMPILE_TIMEOUT_S = 120.0
+
+
+def compiler() -> str | None:
+    return shutil.which("cc") or shutil.which("gcc")
+
+
+def compile_library(source: Path, target: Path, flags: list[str],
+                    link: list[str] = ()) -> str | None:
+    """Compile `source` into the shared library `target` unless it exists; None, or why not."""
+    if target.exists():
+        return None
+    cc = compiler()
+    if cc is None:
+        return "no C compiler"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    try:
+        done = subprocess.run([cc, *flags, "-shared", "-fPIC", str(source), "-o", str(partial),
+                               *link], capture_output=True, text=True,
+                              timeout=COMPILE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        partial.unlink(missing_ok=True)
+        return f"compiling {source.name} failed: {exc}"
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        return f"compiling {source.name} failed: {done.stderr.strip()[-300:]}"
+    os.replace(partial, target)
+    return None
+
+
+def cached_library(source: Path, cache_dir: Path, flags: list[str]) -> tuple[Path | None, str]:
+    """`source` built with `flags` in `cache_dir` (built now if need be): (path, "") or
+    (None, why not)."""
+    from mlxr.shared.blas import cpu_key
+
+    cc = compiler()
+    if cc is None:
+        return None, "no C compiler"
+    digest = hashlib.sha256(b"\0".join([
+        source.read_bytes(), " ".join(flags).encode(), os.path.realpath(cc).encode(),
+        cpu_key().encode()])).hexdigest()[:16]
+    target = cache_dir / f"{source.stem}-{digest}.so"
+    error = compile_library(source, target, flags)
+    return (None, error) if error else (target, "")
