@@ -27,7 +27,6 @@ import importlib.util
 import json
 import logging
 import os
-import platform
 import subprocess
 import sys
 import sysconfig
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from mlxr.shared.exits import describe_exit
-from mlxr.shared.native import compile_library
+from mlxr.shared.native import compile_library, cpu_identity
 
 log = logging.getLogger("mlxr.blas")
 
@@ -159,21 +158,12 @@ def probe(library: str, timeout_s: float = PROBE_TIMEOUT_S) -> Verdict:
 
 def cpu_key() -> str:
     """This CPU and MLX, as a short digest: a verdict holds only for the same pair."""
-    lines = []
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("model name", "flags", "Features", "CPU part")):
-                    lines.append(line.strip())
-                elif not line.strip() and lines:
-                    break  # the first processor is enough
-    except OSError:
-        pass
     try:
         mlx = importlib.metadata.version("mlx")
     except importlib.metadata.PackageNotFoundError:
         mlx = "?"
-    text = "\n".join([platform.machine(), f"mlx {mlx}", *lines])
+    machine, *cpu = cpu_identity()
+    text = "\n".join([machine, f"mlx {mlx}", *cpu])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -8,7 +8,7 @@ Invariants:
 - A library is written to a temporary name and renamed into place, so a reader (another
   runner building the same library at the same time) sees the whole file or none.
 - `cached_library`'s file name holds a digest of the source, the flags, the compiler and
-  this CPU (shared/blas.py `cpu_key`): a change to any of them builds a new file, and a cache
+  this CPU (`cpu_identity`): a change to any of them builds a new file, and a cache
   directory shared between machines never hands one machine another's build.
 - Nothing raises for a missing or failing compiler: the caller gets the reason and keeps its
   fallback.
@@ -18,11 +18,27 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 from pathlib import Path
 
 COMPILE_TIMEOUT_S = 120.0
+
+
+def cpu_identity() -> list[str]:
+    """The machine, and the first processor's model name and feature flags."""
+    lines = [platform.machine()]
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "flags", "Features", "CPU part")):
+                    lines.append(line.strip())
+                elif not line.strip() and len(lines) > 1:
+                    break  # the first processor is enough
+    except OSError:
+        pass
+    return lines
 
 
 def compiler() -> str | None:
@@ -56,14 +72,12 @@ def compile_library(source: Path, target: Path, flags: list[str],
 def cached_library(source: Path, cache_dir: Path, flags: list[str]) -> tuple[Path | None, str]:
     """`source` built with `flags` in `cache_dir` (built now if need be): (path, "") or
     (None, why not)."""
-    from mlxr.shared.blas import cpu_key
-
     cc = compiler()
     if cc is None:
         return None, "no C compiler"
     digest = hashlib.sha256(b"\0".join([
         source.read_bytes(), " ".join(flags).encode(), os.path.realpath(cc).encode(),
-        cpu_key().encode()])).hexdigest()[:16]
+        "\n".join(cpu_identity()).encode()])).hexdigest()[:16]
     target = cache_dir / f"{source.stem}-{digest}.so"
     error = compile_library(source, target, flags)
     return (None, error) if error else (target, "")
