@@ -11,6 +11,9 @@ from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, TRANS
 from mlxr.runner.row_kernel import RowKernel
 
 KERNEL_ROWS = 64  # a decode batch's rows; a prefill chunk's longer products stay OpenBLAS's
+# OpenBLAS runs an sgemm of at most this m * n * k on the calling thread (interface/gemm.c:
+# SMP_THRESHOLD_MIN 65,536 x GEMM_MULTITHREAD_THRESHOLD 4).
+SERIAL_MNK = 65536 * 4
 
 
 class Gemm:
@@ -21,6 +24,10 @@ class Gemm:
     def __init__(self, sgemm, kernel: RowKernel | None = None):
         self._sgemm = sgemm
         self.kernel = kernel
+        # Set by the model step while rows decode: each attention product then stays on the
+        # engine's thread, so OpenBLAS's threads, once woken, do not spin beside the row
+        # kernel's (a head of 8 rows took 13 ms after a chunk's products instead of 7).
+        self.serial = False
 
     def linear(self, x: np.ndarray, linear) -> np.ndarray:
         """x (n, in) times the transpose of a Linear's weight (out, in), plus its bias."""
@@ -46,7 +53,8 @@ class Gemm:
     def product(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_b: bool,
                 alpha: float = 1.0, accumulate: bool = False) -> None:
         """out (m, n) = alpha * a (m, k) @ b (k, n), or b's transpose (n, k), plus out when
-        `accumulate`. Every argument is a 2-D view whose rows are contiguous."""
+        `accumulate`. Every argument is a 2-D view whose rows are contiguous. While `serial`,
+        in pieces that OpenBLAS runs on the calling thread."""
         if self._sgemm is None or not all(rows_contiguous(m) for m in (a, b, out)):
             result = alpha * (a @ (b.T if transpose_b else b))
             if accumulate:
@@ -54,11 +62,31 @@ class Gemm:
             else:
                 out[...] = result
             return
+        self._sgemm_pieces(a, b, out, transpose_b, alpha, 1.0 if accumulate else 0.0)
+
+    def _sgemm_pieces(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, transpose_b: bool,
+                      alpha: float, beta: float) -> None:
         m, k = a.shape
         n = b.shape[0] if transpose_b else b.shape[1]
+        if self.serial and m * n * k > SERIAL_MNK:  # halve the largest dimension
+            if k >= m and k >= n:
+                h = k // 2
+                first, second = ((b[:, :h], b[:, h:]) if transpose_b else (b[:h], b[h:]))
+                self._sgemm_pieces(a[:, :h], first, out, transpose_b, alpha, beta)
+                self._sgemm_pieces(a[:, h:], second, out, transpose_b, alpha, 1.0)
+            elif n >= m:
+                h = n // 2
+                first, second = ((b[:h], b[h:]) if transpose_b else (b[:, :h], b[:, h:]))
+                self._sgemm_pieces(a, first, out[:, :h], transpose_b, alpha, beta)
+                self._sgemm_pieces(a, second, out[:, h:], transpose_b, alpha, beta)
+            else:
+                h = m // 2
+                self._sgemm_pieces(a[:h], b, out[:h], transpose_b, alpha, beta)
+                self._sgemm_pieces(a[h:], b, out[h:], transpose_b, alpha, beta)
+            return
         self._sgemm(ROW_MAJOR, NO_TRANS, TRANS if transpose_b else NO_TRANS, m, n, k, alpha,
                     a.ctypes.data, a.strides[0] // 4, b.ctypes.data, b.strides[0] // 4,
-                    1.0 if accumulate else 0.0, out.ctypes.data, out.strides[0] // 4)
+                    beta, out.ctypes.data, out.strides[0] // 4)
 
 
 def rows_contiguous(a: np.ndarray) -> bool:

@@ -168,6 +168,8 @@ class ModelStep:
         self.release(plan.release)
         result = StepResult()
         outputs: list[tuple[list[Sequence], SampleOutput]] = []
+        if self.host_body is not None:  # no OpenBLAS threads while rows decode (host_ops.py)
+            self.host_body.gemm.serial = bool(plan.decode)
         # The decode rows' hidden states, when their head waits for the prompts this step's
         # chunks end: one pass over the head's weights for all of them (`_shared_head`).
         pending = None

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from mlx_lm.utils import load
 
-from mlxr.runner import host_head, row_kernel
+from mlxr.runner import host_head, host_ops, row_kernel
 from mlxr.runner.host_body import HostBody
-from mlxr.runner.host_head import HostHead, cpu_head_weight
+from mlxr.runner.host_head import HostHead, cpu_head_weight, openblas_sgemm
 from mlxr.runner.model_step import ModelStep
 from mlxr.runner.request import Sequence
 from mlxr.runner.row_kernel import RowKernel
@@ -20,6 +20,7 @@ from mlxr.runner.sampling import Sampler
 from mlxr.runner.scheduler import Scheduler, SchedulerConfig
 from mlxr.shared import native
 from mlxr.shared.protocol import Options
+from tests.mlx.test_heads import probed_blas
 from tests.mlx.test_host_attention import mlx_lm_greedy
 
 
@@ -104,9 +105,51 @@ def test_decoding_through_the_kernel_gives_mlx_lms_greedy_tokens(tiny_model, ker
         seq.sampler = Sampler.from_options(opts, seq.context_length)
         scheduler.add(seq)
         seqs.append(seq)
+    serial = set()
     while scheduler.has_work:
         plan = scheduler.schedule()
         scheduler.update(plan, step.run(plan))
+        serial.add((bool(plan.decode), step.host_body.gemm.serial))
     assert [s.output_tokens for s in seqs] == [
         mlx_lm_greedy(model, s.prompt_tokens, 6 + i) for i, s in enumerate(seqs)]
     assert 5 in calls and 3 in calls  # a five-row and a three-row step went through it
+    assert serial == {(False, False), (True, True)}  # products in pieces while rows decode
+
+
+@pytest.mark.parametrize("transpose_b", [True, False], ids=["scores", "values"])
+def test_serial_products_are_pieces_openblas_keeps_on_its_thread(transpose_b):
+    # while rows decode, an attention product is cut until each sgemm call is under
+    # OpenBLAS's threading threshold, and the pieces add up to the whole product
+    library = probed_blas()
+    sgemm = openblas_sgemm(library)
+    calls = []
+
+    def counted(*args):
+        calls.append(args[3] * args[4] * args[5])
+        sgemm(*args)
+
+    gemm = host_ops.Gemm(counted)
+    rng = np.random.default_rng(7)
+    m, k, n = 32, 48, 3001  # (m, k) @ (k, n)
+    if transpose_b:  # scores: queries (m, d) by keys (positions, d)
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.standard_normal((n, k), dtype=np.float32)
+        grid = rng.standard_normal((m, n + 10), dtype=np.float32)
+        view = (slice(None), slice(3, 3 + n))  # rows strided, as a piece of the scores
+    else:  # values: probabilities (m, positions) by values (positions, d)
+        m, k, n = 32, 3001, 48
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.standard_normal((k, n), dtype=np.float32)
+        grid = rng.standard_normal((m, n), dtype=np.float32)
+        view = (slice(None), slice(None))
+    for serial, accumulate in ((True, True), (True, False), (False, True)):
+        want = grid[view] * accumulate + 0.5 * (a @ (b.T if transpose_b else b))
+        calls.clear()
+        got = grid.copy()[view]
+        gemm.serial = serial
+        gemm.product(a, b, got, transpose_b=transpose_b, alpha=0.5, accumulate=accumulate)
+        assert np.allclose(got, want, rtol=1e-4, atol=1e-3)
+        if serial:
+            assert len(calls) > 1 and max(calls) <= host_ops.SERIAL_MNK
+        else:
+            assert calls == [m * n * k]
