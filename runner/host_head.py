@@ -3,13 +3,12 @@
 MLX's CPU matmul always calls `cblas_sgemm`, and OpenBLAS's sgemm packs the whole weight on
 every call. For the 30M model's 151,680 x 192 head that is 8-14 ms for 1-16 rows on the Zen 4
 EPYC. Two host products read the weight fewer times:
-- `cblas_sgemv`, a row at a time: about 4 ms a row (the fastest for one row);
-- the C kernel of runner/row_kernel.py, which reads the weight once for up to 16 rows: 5-10
-  ms for 2-16 rows, 27 ms for 64 against MLX's 46 (docs/PERFORMANCE.md, "The decode step in
-  C").
-With the kernel the host head takes up to KERNEL_MAX_ROWS rows, one row through sgemv where
-OpenBLAS is preloaded; without it, sgemv up to MAX_ROWS rows (at three a wash with MLX's one
-sgemm, from four MLX's wins).
+- the C kernel of runner/row_kernel.py, which reads the weight once for up to 16 rows: 4-7 ms
+  for 1-16 rows, 27 ms for 64 against MLX's 46 (docs/PERFORMANCE.md, "The decode step in
+  C"). It serves up to KERNEL_MAX_ROWS rows. For one row it is as fast as sgemv in isolation,
+  and a served stream was 5-14% faster with it (OpenBLAS's threads stay asleep);
+- without the kernel, `cblas_sgemv` a row at a time (about 4 ms a row) up to MAX_ROWS rows:
+  at three a wash with MLX's one sgemm, from four MLX's wins.
 
 Used only when all of these hold, else `HostHead.find` returns None and nothing changes:
 the default device is the CPU; the head is a plain float32 matrix (an unquantized `lm_head`
@@ -172,7 +171,7 @@ class HostHead:
         if self._out.shape[0] < rows.shape[0]:
             self._out = np.empty((rows.shape[0], self.vocab), dtype=np.float32)
         out = self._out[:rows.shape[0]]
-        if self.kernel is not None and (self._sgemv is None or rows.shape[0] > 1):
+        if self.kernel is not None:
             self.kernel.product(self._matrix, rows, out)
             return out
         for i in range(rows.shape[0]):
