@@ -14,7 +14,7 @@ Used only when all of these hold, else `HostHead.find` returns None and nothing 
 the default device is the CPU; the head is a plain float32 matrix (an unquantized `lm_head`
 without bias, or tied float32 embeddings); the kernel was built or OpenBLAS was preloaded;
 and on a probe the products match the MLX head. The kernel is kept only where, on this CPU,
-it beats the MLX head at KERNEL_PROBE_ROWS rows.
+it beats the head it would replace (MLX's, or its transposed copy) at KERNEL_PROBE_ROWS rows.
 """
 
 from __future__ import annotations
