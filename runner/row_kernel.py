@@ -36,9 +36,6 @@ from mlxr.shared import native
 
 log = logging.getLogger("mlxr.runner")
 
-# mlxr/runner -> mlxr/shared, installed or in the repository (runner/ beside shared/)
-SOURCE = Path(__file__).resolve().parent.parent / "shared" / "assets" / "row_kernel.c"
-FLAGS = ["-O3"]
 MAX_LANES = 16  # rows one pass over the weight serves
 TILE = 8  # weight rows the kernel takes at a time: ranges start on a multiple
 SPLIT_ELEMENTS = 1 << 20  # smaller weights (4 MB) are one thread's work
@@ -57,9 +54,7 @@ class RowKernel:
             from mlxr.shared.config import Settings
 
             cache_dir = Settings.from_env().cache_dir
-        path, why = native.cached_library(SOURCE, cache_dir, FLAGS)
-        if path is None and "target_clones" in why:  # a compiler without clones
-            path, why = native.cached_library(SOURCE, cache_dir, FLAGS + ["-DMLXR_NO_CLONES"])
+        path, why = native.row_kernel_library(cache_dir)
         if path is None:
             log.info("row kernel not built (%s); using OpenBLAS and MLX", why)
             return None

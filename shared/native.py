@@ -24,6 +24,8 @@ import subprocess
 from pathlib import Path
 
 COMPILE_TIMEOUT_S = 120.0
+ROW_KERNEL_SOURCE = Path(__file__).resolve().parent / "assets" / "row_kernel.c"
+ROW_KERNEL_FLAGS = ["-O3"]
 
 
 def cpu_identity() -> list[str]:
@@ -81,3 +83,13 @@ def cached_library(source: Path, cache_dir: Path, flags: list[str]) -> tuple[Pat
     target = cache_dir / f"{source.stem}-{digest}.so"
     error = compile_library(source, target, flags)
     return (None, error) if error else (target, "")
+
+
+def row_kernel_library(cache_dir: Path) -> tuple[Path | None, str]:
+    """The row kernel's library (runner/row_kernel.py), built if need be: (path, "") or
+    (None, why not). A compiler without target clones gets the plain C build."""
+    path, why = cached_library(ROW_KERNEL_SOURCE, cache_dir, ROW_KERNEL_FLAGS)
+    if path is None and "target_clones" in why:
+        path, why = cached_library(ROW_KERNEL_SOURCE, cache_dir,
+                                   ROW_KERNEL_FLAGS + ["-DMLXR_NO_CLONES"])
+    return path, why

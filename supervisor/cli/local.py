@@ -34,8 +34,10 @@ def settings_from(host: str | None = None, models: str | None = None, **override
 @click.command()
 @click.option("--reprobe", is_flag=True, help="probe every BLAS candidate again")
 def doctor(reprobe) -> None:
-    """Show which BLAS runners preload here and why: each candidate's probe verdict."""
+    """Show which BLAS runners preload here and why: each candidate's probe verdict; and
+    whether the row kernel builds."""
     from mlxr.shared.blas import choose, cpu_key
+    from mlxr.shared.native import row_kernel_library
 
     settings = settings_from()
     choice = choose(settings.blas, settings.cache_dir, reprobe=reprobe)
@@ -52,6 +54,9 @@ def doctor(reprobe) -> None:
                    + (f" [{verdict.config}]" if verdict.config else ""))
     click.echo(f"verdicts cached in {settings.cache_dir}; MLXR_OPENBLAS=<path> tries a "
                f"library first, MLXR_OPENBLAS=off preloads none")
+    kernel, why = row_kernel_library(settings.cache_dir)
+    click.echo(f"row kernel (the decode step's products on a CPU): {kernel}" if kernel else
+               f"row kernel: not built ({why}); runners keep OpenBLAS and MLX")
 
 
 def _cpu_model() -> str:

@@ -1,0 +1,33 @@
+"""`mlxr doctor`: the BLAS choice (its probing stubbed here: tests/unit/shared/test_blas_choice.py
+covers it) and whether the row kernel builds on this machine."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from mlxr.shared import blas, native
+from mlxr.supervisor.cli import local
+
+
+def run_doctor(tmp_path, monkeypatch) -> str:
+    monkeypatch.setenv("MLXR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(blas, "choose", lambda *args, **kwargs: blas.BlasChoice(
+        None, "MLX's own BLAS", "no OpenBLAS found"))
+    result = CliRunner().invoke(local.doctor, [])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_doctor_builds_and_names_the_row_kernel(tmp_path, monkeypatch):
+    out = run_doctor(tmp_path, monkeypatch)
+    built = list(tmp_path.glob("row_kernel-*.so"))
+    assert len(built) == 1  # `make test` machines have a C compiler
+    assert f"row kernel (the decode step's products on a CPU): {built[0]}" in out
+    assert "chose: MLX's own BLAS (no OpenBLAS found)" in out
+
+
+def test_doctor_says_why_there_is_no_row_kernel(tmp_path, monkeypatch):
+    monkeypatch.setattr(native, "compiler", lambda: None)
+    out = run_doctor(tmp_path, monkeypatch)
+    assert "row kernel: not built (no C compiler); runners keep OpenBLAS and MLX" in out
+    assert not list(tmp_path.glob("*.so"))
