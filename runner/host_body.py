@@ -36,9 +36,9 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, openblas_sgemm, openblas_sgemv
 from mlxr.runner.host_ops import Gemm, RopeTables
-from mlxr.runner.row_kernel import RowKernel
 from mlxr.runner.host_swiglu import silu_times
 from mlxr.runner.kv.host_attention import attend_position
+from mlxr.runner.row_kernel import RowKernel
 
 log = logging.getLogger("mlxr.runner")
 

@@ -119,11 +119,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--scenario-scale must be positive")
     # The context our runners serve: the realistic scenarios' 8,000 tokens and more, or a sweep's
     # prompt and reply where they pass the default 4,096 (llama.cpp's slots are sized the same).
+    settings = Settings.from_env()  # as `mlxr serve`'s runners
     context = max(realistic.CONTEXT_LENGTH if wanted else 0,
                   args.prompt_tokens + args.gen_tokens + 128)
-    context = context if context > Settings.from_env().context_length else 0
+    context = context if context > settings.context_length else 0
     runner_config = {"context_length": context} if context else {}
-    settings = Settings.from_env()  # as `mlxr serve`'s runners
     runner_config["kv_layout"] = settings.kv_layout
     runner_config["host_attention"] = settings.host_attention
     runner_config["float32_weights"] = settings.float32_weights
