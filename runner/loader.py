@@ -130,7 +130,8 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     step = ModelStep(model, config.prefix_cache_bytes, lambda token: token_text([token]),
                      rows=rows_layout(config.kv_layout, mx.default_device() == mx.cpu),
                      vision=vision,
-                     host_attention=config.host_attention, distributed=group is not None)
+                     host_attention=config.host_attention, distributed=group is not None,
+                     attention_buckets=config.attention_buckets)
     log.info("blas: %s", blas)
     log.info("kv cache: %s", "rows over the block pool" if step.uses_rows
              else "padded batch (MLXR_KV_LAYOUT, the device, or an architecture the rows "

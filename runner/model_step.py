@@ -30,6 +30,7 @@ from mlxr.runner.host_body import BATCH_MAX_ROWS as HOST_BATCH_MAX_ROWS
 from mlxr.runner.host_body import MAX_ROWS as HOST_BODY_MAX_ROWS, HostBody
 from mlxr.runner.host_prefill import MAX_TOKENS as HOST_PREFILL_MAX_TOKENS, HostPrefill
 from mlxr.runner.host_head import HostHead
+from mlxr.runner.kv import bucketed_attention
 from mlxr.runner.kv import rows as kv_rows
 from mlxr.runner.kv.padded import PaddedBatch
 from mlxr.runner.kv.pool import KVPool
@@ -90,7 +91,8 @@ class _Ahead:
 
 class ModelStep:
     def __init__(self, model, prefix_cache_bytes: int, detok_top, rows: bool = True,
-                 vision=None, host_attention: bool = True, distributed: bool = False):
+                 vision=None, host_attention: bool = True, distributed: bool = False,
+                 attention_buckets: bool = False):
         """`rows`: use the block pool's rows where the model fits them (False: always the
         padded batch, for comparisons). `vision`: a vision model's image side
         (runner/vision/model.py), which gives image prompts their embeddings and positions.
@@ -99,7 +101,9 @@ class ModelStep:
         (runner/host_swiglu.py), decode steps run their body in numpy (runner/host_body.py),
         and so do single prefill chunks (runner/host_prefill.py).
         `distributed`: one rank of a sharded model (no numpy body: its probe is a forward
-        pass, whose collectives only the model step's own passes may hold)."""
+        pass, whose collectives only the model step's own passes may hold).
+        `attention_buckets`: on a CUDA GPU, prefill chunks attend in bucketed shapes
+        (runner/kv/bucketed_attention.py)."""
         self.model = model
         self.vision = vision
         self.split = split_model(model)
@@ -114,6 +118,8 @@ class ModelStep:
         self._host_attention = host_attention
         if host_attention:
             host_swiglu.install(model)
+        if attention_buckets and bucketed_attention.wanted():
+            kv_rows.install(model, buckets=True)
         self.num_layers = len(make_prompt_cache(model))
         self.uses_rows = rows and kv_rows.probe(model, self.num_layers)
         self.host_body = HostBody.find(

@@ -4,16 +4,19 @@
 # `mlxr bench` against mlx_lm.server on a model in Qwen3-0.6B's shape (random bfloat16
 # weights, so no download), with the KV layout as chosen (auto: the padded batch on a GPU) and
 # with the rows forced; then the vision benchmark (an image request's time to first token and
-# the text streams' gaps while it is read) and the chat and stall scenarios against
-# mlx_lm.server. docs/PERFORMANCE.md, "On a GPU", has what it printed on an H200.
+# the text streams' gaps while it is read), the chat and stall scenarios against
+# mlx_lm.server, and the cost of new attention shapes with the stall scenario with and without
+# bucketed shapes (MLXR_ATTENTION_BUCKETS). docs/PERFORMANCE.md, "On a GPU", has what it
+# printed on an H200.
 #
 #   scripts/gpu_check.sh [OUTPUT_DIR]
 #
 # GPU_SKIP is a space-separated list of parts to leave out (probes tests bench rows vision
-# scenarios); GPU_PART_TIMEOUT bounds each part in seconds (default 300).
+# scenarios buckets); GPU_PART_TIMEOUT bounds each part in seconds (default 300); GPU_SCENARIOS names
+# the scenarios of the last part (default chat,stall).
 #
-# Needs mlx with its GPU backend, mlx-lm and mlxr importable by `python3` (or $PYTHON), and
-# pytest. Every part runs even when one before it fails; the exit status is the first
+# Needs mlx with its GPU backend, mlx-lm, mlx-vlm and mlxr with its own dependencies (gguf,
+# llguidance, orjson...) importable by `python3` (or $PYTHON), and pytest. Every part runs even when one before it fails; the exit status is the first
 # failure's.
 set -u
 out=${1:-bench-results/gpu}
@@ -66,10 +69,21 @@ note "vision: an image request alone and inside 8 text streams, against text of 
 timeout -s INT -k 30 "$limit" "$py" "$here/bench_vision.py" --repeats 5 || keep $?
 fi
 if want scenarios; then
-note "bench: the chat and stall scenarios, against mlx_lm.server (KV layout auto)"
+note "bench: the ${GPU_SCENARIOS:-chat,stall} scenarios, against mlx_lm.server (KV layout auto)"
 timeout -s INT -k 30 "$limit" "$py" -m mlxr.supervisor.cli bench --model qwen3-0.6b --dtype bfloat16 \
-    --concurrency "" --scenarios chat,stall --scenario-scale 1 --against mlx_lm \
+    --concurrency "" --scenarios "${GPU_SCENARIOS:-chat,stall}" --scenario-scale 1 --against mlx_lm \
     --output "$out/scenarios" || keep $?
+fi
+
+if want buckets; then
+note "new attention shapes: exact against bucketed"
+timeout -s INT -k 30 "$limit" "$py" "$here/bench_sdpa_shapes.py" || keep $?
+for b in 0 1; do
+    note "bench: the stall scenario with MLXR_ATTENTION_BUCKETS=$b"
+    MLXR_ATTENTION_BUCKETS=$b timeout -s INT -k 30 "$limit" "$py" -m mlxr.supervisor.cli bench \
+        --model qwen3-0.6b --dtype bfloat16 --concurrency "" --scenarios stall --scenario-scale 1 \
+        --against "" --output "$out/stall-buckets-$b" || keep $?
+done
 fi
 
 note "done"

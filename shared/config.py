@@ -153,6 +153,12 @@ class Settings:
     # (runner/host_swiglu.py), and run decode steps of 1-2 rows in numpy
     # (runner/host_body.py); MLXR_HOST_ATTENTION=0: always MLX's.
     host_attention: bool = True
+    # On a CUDA GPU, read prefill chunks with their attention in bucketed shapes, so that
+    # cuDNN builds a few graphs, not one per chunk (runner/kv/bucketed_attention.py);
+    # MLXR_ATTENTION_BUCKETS=1. Off by default until it is measured further: on an H200 it
+    # read a 2,000-token prompt beside 8 streams in 6.8 s against 11.4, but with one 3.3 s
+    # pause (docs/PERFORMANCE.md, "On a GPU").
+    attention_buckets: bool = False
     # On a CPU, widen bfloat16, float16 and quantized weights to float32 at load, where MLX's
     # matmuls use BLAS (runner/weights.py): "auto" (when it fits in memory), "on", "off".
     float32_weights: str = "auto"
@@ -276,6 +282,9 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
     if env.get("MLXR_HOST_ATTENTION") is not None:
         values["host_attention"] = env["MLXR_HOST_ATTENTION"].strip().lower() not in (
             "", "0", "false", "off", "no")
+    if env.get("MLXR_ATTENTION_BUCKETS") is not None:
+        values["attention_buckets"] = env["MLXR_ATTENTION_BUCKETS"].strip().lower() not in (
+            "", "0", "false", "off", "no")
     if env.get("MLXR_FLOAT32_WEIGHTS"):
         values["float32_weights"] = _parse_float32_weights(env["MLXR_FLOAT32_WEIGHTS"])
     if env.get("MLXR_ALLOW_IMAGE_URLS") is not None:
@@ -333,6 +342,7 @@ class RunnerConfig:
     kv_cache_bytes: int = 0  # 0: derived from the system's available memory
     kv_layout: str = "auto"  # Settings.kv_layout
     host_attention: bool = True  # Settings.host_attention
+    attention_buckets: bool = False  # Settings.attention_buckets
     float32_weights: str = "auto"  # Settings.float32_weights
     watch_stdin: bool = False  # exit when stdin closes (the supervisor died)
     # Where the secret every request must carry comes from (never argv, which `ps` shows):

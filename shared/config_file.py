@@ -46,6 +46,7 @@ FILE_KEYS: dict[str, dict[str, tuple[str, str]]] = {
         "hostfile": ("hostfile", "path"), "sharding": ("sharding", "sharding"),
         "remote_shell": ("remote_shell", "str"),
         "host_attention": ("host_attention", "bool"),
+        "attention_buckets": ("attention_buckets", "bool"),
         "float32_weights": ("float32_weights", "float32_weights"),
     },
     "limits": {

@@ -32,7 +32,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxr.runner.host_body import HostRow
-from mlxr.runner.kv import host_attention
+from mlxr.runner.kv import bucketed_attention, host_attention
 from mlxr.runner.kv.pool import Run, Segment
 from mlxr.runner.logits_match import logits_match
 
@@ -328,6 +328,7 @@ def make_layers(store: RunStore, rows: list[Row], forward: _Forward | None = Non
 
 # -- routing mlx-lm's attention ---------------------------------------------------------
 _original = None
+_buckets = False  # prefill chunks on single-sequence caches in bucketed shapes (CUDA)
 
 
 def _attention(queries, keys, values, cache, scale, mask, sinks=None):
@@ -335,14 +336,19 @@ def _attention(queries, keys, values, cache, scale, mask, sinks=None):
         if sinks is not None:
             raise Unsupported("attention sinks use the padded batch")
         return cache.attend(queries, scale)
+    if _buckets and sinks is None and bucketed_attention.applies(queries, cache, mask):
+        return bucketed_attention.attend(queries, cache, scale)
     return _original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
 
-def install(model) -> None:
-    """Route the attention of `model`'s modules through `_attention` (idempotent)."""
-    global _original
+def install(model, buckets: bool = False) -> None:
+    """Route the attention of `model`'s modules through `_attention` (idempotent);
+    `buckets`: also give prefill chunks on single-sequence caches bucketed shapes
+    (runner/kv/bucketed_attention.py)."""
+    global _original, _buckets
     from mlx_lm.models import base
 
+    _buckets = _buckets or buckets
     if _original is None:
         _original = base.scaled_dot_product_attention
     for module in {type(m).__module__ for m in model.modules()} | {base.__name__}:

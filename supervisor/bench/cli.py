@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     runner_config = {"context_length": context} if context else {}
     runner_config["kv_layout"] = settings.kv_layout
     runner_config["host_attention"] = settings.host_attention
+    runner_config["attention_buckets"] = settings.attention_buckets
     runner_config["float32_weights"] = settings.float32_weights
     if context:  # more than the default 4,096 (our runners only)
         os.environ.setdefault("MLXR_CONTEXT_LENGTH", str(context))

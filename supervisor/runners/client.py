@@ -457,6 +457,7 @@ def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
             context_length=spec.context_length, prefix_cache_bytes=settings.prefix_cache_bytes,
             kv_cache_bytes=spec.kv_cache_bytes // spec.local_ranks,
             kv_layout=settings.kv_layout, host_attention=settings.host_attention,
+            attention_buckets=settings.attention_buckets,
             float32_weights=settings.float32_weights, watch_stdin=True, token_stdin=True,
             blas=library or "off", sharding=spec.sharding)
         if spec.hosts:  # one runner made of the hostfile's ranks

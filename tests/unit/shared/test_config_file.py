@@ -39,6 +39,7 @@ hostfile = "/etc/mlxr/hosts.json"
 sharding = "pipeline"
 remote_shell = "ssh -o BatchMode=yes"
 host_attention = false
+attention_buckets = true
 float32_weights = "off"
 [limits]
 memory_margin = 2147483648
@@ -67,6 +68,7 @@ def test_every_key_of_the_file_reaches_its_setting(tmp_path):
     assert (s.hostfile, s.sharding, s.remote_shell) == \
         (Path("/etc/mlxr/hosts.json"), "pipeline", "ssh -o BatchMode=yes")
     assert s.host_attention is False and s.float32_weights == "off"
+    assert s.attention_buckets is True
     assert (s.memory_margin_bytes, s.max_request_bytes) == (2 << 30, 64 << 20)
     fields = {field for keys in FILE_KEYS.values() for field, _ in keys.values()}
     assert set(sources) == (fields - {"host"}) | {"host", "port"}
@@ -88,6 +90,15 @@ def test_the_environment_overrides_the_file_and_flags_override_both(tmp_path):
 def test_the_environment_turns_host_attention_off_and_on(tmp_path, value, on):
     s, _ = load(tmp_path, "[scheduler]\nhost_attention = true\n", MLXR_HOST_ATTENTION=value)
     assert s.host_attention is on
+
+
+@pytest.mark.parametrize("text,value,on", [("", None, False), ("true", None, True),
+                                           ("true", "0", False), ("false", "1", True)])
+def test_attention_buckets_are_off_unless_the_file_or_the_environment_turns_them_on(
+        tmp_path, text, value, on):
+    env = {} if value is None else {"MLXR_ATTENTION_BUCKETS": value}
+    s, _ = load(tmp_path, f"[scheduler]\nattention_buckets = {text}\n" if text else "", **env)
+    assert s.attention_buckets is on
 
 
 @pytest.mark.parametrize("value,mode", [("0", "off"), ("on", "on"), ("TRUE", "on"),
