@@ -5,8 +5,8 @@
 # weights, so no download), with the KV layout as chosen (auto: the padded batch on a GPU) and
 # with the rows forced; then the vision benchmark (an image request's time to first token and
 # the text streams' gaps while it is read), the chat and stall scenarios against
-# mlx_lm.server, and the cost of new attention shapes with the stall scenario with and without
-# bucketed shapes (MLXR_ATTENTION_BUCKETS). docs/PERFORMANCE.md, "On a GPU", has what it
+# mlx_lm.server, and the cost of new attention shapes with the stall scenario with exact
+# shapes, bucketed shapes (MLXR_ATTENTION_BUCKETS) and no cuDNN (MLX_CUDA_USE_CUDNN_SDPA=0). docs/PERFORMANCE.md, "On a GPU", has what it
 # printed on an H200.
 #
 #   scripts/gpu_check.sh [OUTPUT_DIR]
@@ -78,11 +78,14 @@ fi
 if want buckets; then
 note "new attention shapes: exact against bucketed"
 timeout -s INT -k 30 "$limit" "$py" "$here/bench_sdpa_shapes.py" || keep $?
-for b in 0 1; do
-    note "bench: the stall scenario with MLXR_ATTENTION_BUCKETS=$b"
-    MLXR_ATTENTION_BUCKETS=$b timeout -s INT -k 30 "$limit" "$py" -m mlxr.supervisor.cli bench \
+# exact shapes, bucketed shapes, and no cuDNN at all (MLX's attention from its own kernels)
+for variant in "buckets-0" "buckets-1" "cudnn-off"; do
+    note "bench: the stall scenario, $variant"
+    env MLXR_ATTENTION_BUCKETS="$([ "$variant" = buckets-1 ] && echo 1 || echo 0)" \
+        MLX_CUDA_USE_CUDNN_SDPA="$([ "$variant" = cudnn-off ] && echo 0 || echo 1)" \
+        timeout -s INT -k 30 "$limit" "$py" -m mlxr.supervisor.cli bench \
         --model qwen3-0.6b --dtype bfloat16 --concurrency "" --scenarios stall --scenario-scale 1 \
-        --against "" --output "$out/stall-buckets-$b" || keep $?
+        --against "" --output "$out/stall-$variant" || keep $?
 done
 fi
 
