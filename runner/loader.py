@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlxr.runner")
 ADAPTER_DIR = ".adapter"  # the store's ADAPTER_DIR (the runner imports nothing of the supervisor)
+GPU_CHUNK = 256  # a GPU's least prefill chunk and its alignment (`scheduler_config`)
 
 
 @dataclass(slots=True)
@@ -152,11 +153,30 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
                        sharding=how, weights=weights, kv_scale=kv_scale)
 
 
+def scheduler_config(config: RunnerConfig, on_gpu: bool) -> SchedulerConfig:
+    """The scheduler's settings. On a GPU a chunk's cost is mostly fixed (its kernel
+    launches and, for a new shape, a cuDNN graph of about 49 ms on an H200), so the
+    throttle's floor of 16 tokens read a 2,000-token prompt beside 8 streams in 125 steps of
+    70 ms: 8.9 s. There it reads at least GPU_CHUNK tokens a step, in chunks aligned to
+    GPU_CHUNK positions (mlx-lm's KV buffer step), whose shapes repeat from prompt to prompt
+    (docs/PERFORMANCE.md, "On a GPU", session 22)."""
+    if not on_gpu:
+        return SchedulerConfig(max_running=config.num_parallel,
+                               prefill_chunk=config.prefill_chunk,
+                               step_token_budget=config.step_token_budget)
+    return SchedulerConfig(max_running=config.num_parallel,
+                           prefill_chunk=max(config.prefill_chunk, GPU_CHUNK),
+                           min_prefill_chunk=GPU_CHUNK, chunk_align=GPU_CHUNK,
+                           step_token_budget=config.step_token_budget)
+
+
 def make_scheduler(config: RunnerConfig, loaded: LoadedModel,
                    stop_matched: Callable[[Sequence], bool], leader: Any = None) -> Scheduler:
     """The scheduler for `loaded`, its block pool sized from the config's KV budget or half
     the free memory. With a distributed `leader` (rank 0), the scheduler's pool calls and
     cache admissions are recorded for the other ranks, which make a pool of the same size."""
+    import mlx.core as mx
+
     if loaded.model_step is None:
         # Never fed: the server refuses completions for an embedding-only model.
         return Scheduler(SchedulerConfig(), KVPool(1), admit=lambda seq, adm: 0,
@@ -169,9 +189,7 @@ def make_scheduler(config: RunnerConfig, loaded: LoadedModel,
     if leader is not None:
         pool, admit = leader.setup(pool), leader.admit
     return Scheduler(
-        SchedulerConfig(max_running=config.num_parallel,
-                        prefill_chunk=config.prefill_chunk,
-                        step_token_budget=config.step_token_budget),
+        scheduler_config(config, on_gpu=mx.default_device() != mx.cpu),
         pool, admit=admit,
         eos_token_ids=set(loaded.tokenizer.eos_token_ids), stop_matched=stop_matched)
 

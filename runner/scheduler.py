@@ -19,6 +19,9 @@ Invariants:
   every prompt waiting to start beyond the next two, so that a queue of long prompts is not
   read at a trickle while a few streams decode. Short prompts are not throttled: getting
   them into the batch at once is what keeps throughput and time to first token up.
+- On a GPU (`chunk_align`), a chunk that does not end its prompt ends at a multiple of
+  `chunk_align` positions where it can, and the throttle's floor is larger
+  (runner/loader.py `make_scheduler`).
 - A throttled step decodes alone (no prefill) when its row count's decode time was last
   measured over `probe_after_s` ago, at most one step in `probe_every_s`: under a steady
   stream of prompts no step decodes alone otherwise, and the budget would rest on a step
@@ -119,6 +122,9 @@ class SchedulerConfig:
     # last measured over `probe_after_s` ago, at most one step in `probe_every_s`.
     probe_after_s: float = 2.0
     probe_every_s: float = 0.5
+    # Where > 0, a chunk that does not end its prompt ends at a multiple of this many
+    # positions when it can (see `_chunk_end`). 0 on a CPU; a GPU's runner sets it.
+    chunk_align: int = 0
 
 
 class Scheduler:
@@ -233,7 +239,7 @@ class Scheduler:
         for seq in self.prefilling:
             if allowance <= 0:
                 break
-            end = min(seq.num_computed + allowance, seq.num_tokens)
+            end = self._chunk_end(seq, allowance)
             plan.prefills.append(PrefillChunk(seq, seq.num_computed, end))
             allowance -= end - seq.num_computed
         # the burst goes on next step only for the prompts it left waiting
@@ -241,6 +247,19 @@ class Scheduler:
                                     len(plan.prefills) < len(self.prefilling) or
                                     not all(c.is_last for c in plan.prefills))
         return plan
+
+    def _chunk_end(self, seq: Sequence, allowance: int) -> int:
+        """Where `seq`'s chunk of at most `allowance` tokens ends: at its prompt's end, else,
+        with `chunk_align`, at the last multiple of it the allowance reaches (past where the
+        chunk starts). On a CUDA GPU, MLX's attention for a chunk builds a cuDNN graph for
+        each new pair of query and context lengths (49 ms each on an H200): aligned chunks
+        of a long prompt repeat the same pairs from one prompt to the next, so their graphs
+        are built once (docs/PERFORMANCE.md, "On a GPU", session 22)."""
+        end = min(seq.num_computed + allowance, seq.num_tokens)
+        align = self.config.chunk_align
+        if align and end < seq.num_tokens and end // align * align > seq.num_computed:
+            end = end // align * align
+        return end
 
     @property
     def stall_allowance_s(self) -> float:

@@ -622,3 +622,42 @@ def test_a_throttled_step_decodes_alone_to_time_a_row_count_not_measured_lately(
     assert all(p.prefills for p in plans), "measured just now: no probe for a while"
     clock.now += config.probe_after_s
     assert timed_step(sched, step, clock, decode_cost, chunk_cost).prefills == []
+
+
+def test_aligned_chunks_end_at_multiples_of_the_alignment_but_never_past_the_prompt():
+    sched, step = make(SchedulerConfig(prefill_chunk=256, min_prefill_chunk=256,
+                                       chunk_align=256), cached={1: 300})
+    seq = make_seq(1, 1000, ctx=4000)
+    sched.add(seq)
+    ends = []
+    while seq.status != SeqStatus.RUNNING:
+        plan, _ = run_step(sched, step)
+        ends += [(c.start, c.end) for c in plan.prefills]
+    # after a 300-token cached prefix: up to 512 (a shorter chunk), then 256 at a time, and
+    # the last chunk where the prompt ends
+    assert ends == [(300, 512), (512, 768), (768, 1000)]
+
+
+def test_an_allowance_that_reaches_no_multiple_keeps_its_length():
+    sched, step = make(SchedulerConfig(prefill_chunk=100, min_prefill_chunk=100,
+                                       chunk_align=256))
+    seq = make_seq(1, 1000, ctx=4000)
+    sched.add(seq)
+    plan, _ = run_step(sched, step)
+    assert (plan.prefills[0].start, plan.prefills[0].end) == (0, 100)
+    plan, _ = run_step(sched, step)
+    assert (plan.prefills[0].start, plan.prefills[0].end) == (100, 200)
+    plan, _ = run_step(sched, step)  # 300 would pass 256: it stops there
+    assert (plan.prefills[0].start, plan.prefills[0].end) == (200, 256)
+
+
+def test_a_gpu_reads_at_least_its_chunk_aligned_and_a_cpu_keeps_the_defaults():
+    from mlxr.runner.loader import GPU_CHUNK, scheduler_config
+    from mlxr.shared.config import RunnerConfig
+
+    config = RunnerConfig(model_dir="m", num_parallel=8, prefill_chunk=128)
+    cpu, gpu = scheduler_config(config, on_gpu=False), scheduler_config(config, on_gpu=True)
+    assert (cpu.min_prefill_chunk, cpu.chunk_align, cpu.prefill_chunk) == (16, 0, 128)
+    assert (gpu.min_prefill_chunk, gpu.chunk_align, gpu.prefill_chunk) == \
+        (GPU_CHUNK, GPU_CHUNK, GPU_CHUNK)
+    assert cpu.max_running == gpu.max_running == 8
