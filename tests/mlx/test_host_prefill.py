@@ -117,6 +117,35 @@ def test_the_rope_tables_rotate_as_the_rope_does(rope):
         assert np.allclose(tables.apply(x, diag, off), want, atol=1e-5)
 
 
+class _LengthRope(nn.Module):
+    """A rope whose angles depend on the call's length (as a dynamic scaling would)."""
+
+    def __call__(self, x, offset=0):
+        length = offset + x.shape[-2]
+        return mx.fast.rope(x, 48, traditional=False, base=10_000.0 * (1 + length / 1000),
+                            scale=1.0, offset=offset)
+
+
+def test_the_rope_tables_are_made_once_for_many_chunks_unless_the_rope_forbids(monkeypatch):
+    calls = []
+    for rope, kept in ((nn.RoPE(48, base=10_000.0), True), (_LengthRope(), False)):
+        rotations = _Rotations(rope, 48)
+        tables = RopeTables(rotations)
+        made = tables._make
+        monkeypatch.setattr(tables, "_make", lambda s, c: calls.append((s, c)) or made(s, c))
+        x = np.random.default_rng(1).standard_normal((16, 3, 48)).astype(np.float32)
+        calls.clear()
+        for start in range(0, 3000, 16):
+            diag, off = tables.tables(start, 16)
+            want = np.einsum("nhd,nde->nhe", x, rotations.make(start, 16))
+            assert np.allclose(tables.apply(x, diag, off), want, atol=1e-4)
+        if kept:  # 1,024 positions, then 2,048, then 4,096: a check and a table each time
+            assert [c for _, c in calls if c > 16] == [1024, 2048, 4096]
+            assert len(calls) == 6
+        else:  # one chunk's call each, after the first growth showed the difference
+            assert len(calls) == 2 + 3000 // 16
+
+
 def test_no_numpy_prefill_where_the_decode_body_does_not_apply(arch_models, monkeypatch):
     model = arch_models("qwen3")
     assert HostPrefill.find(model, None) is None

@@ -116,8 +116,9 @@ def test_decoding_through_the_kernel_gives_mlx_lms_greedy_tokens(tiny_model, ker
     assert serial == {(False, False), (True, True)}  # products in pieces while rows decode
 
 
-@pytest.mark.parametrize("transpose_b", [True, False], ids=["scores", "values"])
-def test_serial_products_are_pieces_openblas_keeps_on_its_thread(transpose_b):
+@pytest.mark.parametrize("transpose_b,wide", [(True, False), (False, False), (True, True)],
+                         ids=["scores", "values", "scores-of-a-long-chunk"])
+def test_serial_products_are_pieces_openblas_keeps_on_its_thread(transpose_b, wide):
     # while rows decode, an attention product is cut until each sgemm call is under
     # OpenBLAS's threading threshold, and the pieces add up to the whole product
     library = probed_blas()
@@ -131,6 +132,8 @@ def test_serial_products_are_pieces_openblas_keeps_on_its_thread(transpose_b):
     gemm = host_ops.Gemm(counted)
     rng = np.random.default_rng(7)
     m, k, n = 32, 48, 3001  # (m, k) @ (k, n)
+    if wide:  # so many queries that one key's column is over the threshold: cut twice
+        m, k, n = 2100, 128, 300
     if transpose_b:  # scores: queries (m, d) by keys (positions, d)
         a = rng.standard_normal((m, k), dtype=np.float32)
         b = rng.standard_normal((n, k), dtype=np.float32)
