@@ -175,6 +175,7 @@ class RopeTables:
             if not (np.array_equal(own[0], self._diag[start:end]) and
                     np.array_equal(own[1], self._off[start:end])):
                 self._keep = False
+                self._diag = self._off = self._diag[:0]
                 return own
         return self._diag[start:end], self._off[start:end]
 

@@ -160,14 +160,11 @@ def scheduler_config(config: RunnerConfig, on_gpu: bool) -> SchedulerConfig:
     70 ms: 8.9 s. There it reads at least GPU_CHUNK tokens a step, in chunks aligned to
     GPU_CHUNK positions (mlx-lm's KV buffer step), whose shapes repeat from prompt to prompt
     (docs/PERFORMANCE.md, "On a GPU", session 22)."""
-    if not on_gpu:
-        return SchedulerConfig(max_running=config.num_parallel,
-                               prefill_chunk=config.prefill_chunk,
-                               step_token_budget=config.step_token_budget)
+    gpu = {"min_prefill_chunk": GPU_CHUNK, "chunk_align": GPU_CHUNK} if on_gpu else {}
     return SchedulerConfig(max_running=config.num_parallel,
-                           prefill_chunk=max(config.prefill_chunk, GPU_CHUNK),
-                           min_prefill_chunk=GPU_CHUNK, chunk_align=GPU_CHUNK,
-                           step_token_budget=config.step_token_budget)
+                           prefill_chunk=max(config.prefill_chunk, GPU_CHUNK) if on_gpu
+                           else config.prefill_chunk,
+                           step_token_budget=config.step_token_budget, **gpu)
 
 
 def make_scheduler(config: RunnerConfig, loaded: LoadedModel,

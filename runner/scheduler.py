@@ -21,7 +21,7 @@ Invariants:
   them into the batch at once is what keeps throughput and time to first token up.
 - On a GPU (`chunk_align`), a chunk that does not end its prompt ends at a multiple of
   `chunk_align` positions where it can, and the throttle's floor is larger
-  (runner/loader.py `make_scheduler`).
+  (runner/loader.py `scheduler_config`).
 - A throttled step decodes alone (no prefill) when its row count's decode time was last
   measured over `probe_after_s` ago, at most one step in `probe_every_s`: under a steady
   stream of prompts no step decodes alone otherwise, and the budget would rest on a step
