@@ -32,7 +32,9 @@ def test_it_gives_causal_attention_over_the_exact_context(heads, kv_heads, befor
     got = bucketed_attention.attend(q, cache, 0.2)
     want = mx.fast.scaled_dot_product_attention(q, keys, values, scale=0.2, mask="causal")
     assert got.shape == want.shape
-    assert mx.allclose(got, want, atol=1e-5).item(), float(mx.abs(got - want).max())
+    # a GPU's float32 products are about 3e-4 off (docs/PERFORMANCE.md, "On a GPU")
+    atol = 1e-5 if mx.default_device() == mx.cpu else 5e-3
+    assert mx.allclose(got, want, atol=atol).item(), float(mx.abs(got - want).max())
 
 
 def test_a_prompt_read_in_chunks_takes_a_few_shapes():
