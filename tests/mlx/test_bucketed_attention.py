@@ -90,3 +90,54 @@ def test_a_model_routed_through_it_gives_mlx_lms_greedy_tokens(tmp_path, monkeyp
         logits = model(mx.array([[token]]), cache=cache)
     assert got == want
     assert set(calls) == {37, 4}  # every chunk went through the buckets; no decode step did
+
+
+@pytest.mark.parametrize("buckets", [False, True], ids=["exact", "buckets"])
+def test_a_gpus_chunking_on_the_padded_batch_gives_mlx_lms_greedy_tokens(tmp_path, monkeypatch,
+                                                                         buckets):
+    # A GPU's runner, on this CPU: the padded batch, the scheduler's 256-token aligned floor,
+    # and (or not) bucketed shapes; two streams decode while longer prompts are read, one of
+    # them after a cached prefix of another, so its first chunk starts unaligned.
+    from mlxr.runner.loader import scheduler_config
+    from mlxr.runner.model_step import ModelStep
+    from mlxr.runner.scheduler import Scheduler
+    from mlxr.shared.config import RunnerConfig
+    from tests.mlx.test_shared_head import sequence
+
+    model, _ = load(str(write_random_model(tmp_path / "m", preset="tiny")))
+    monkeypatch.setattr(bucketed_attention, "CUDNN_DTYPES", (mx.float32,))
+    monkeypatch.setattr(rows, "_buckets", False)
+    calls = []
+    real = bucketed_attention.attend
+    monkeypatch.setattr(bucketed_attention, "attend",
+                        lambda q, cache, scale: calls.append(q.shape[2]) or real(q, cache, scale))
+    if buckets:
+        rows.install(model, buckets=True)
+    step = ModelStep(model, 1 << 26, lambda token: "", rows=False)
+    assert not step.uses_rows
+    config = scheduler_config(RunnerConfig(model_dir="m", num_parallel=8), on_gpu=True)
+    scheduler = Scheduler(config, step.make_pool(1024, 16), admit=step.admit,
+                          eos_token_ids=set())
+    base = [(7 * i + 3) % 500 + 2 for i in range(1200)]
+    prompts = [base[:20], base[5:38], base, base[:300] + [(5 * i) % 400 + 2 for i in range(900)]]
+    seqs = [sequence(i, p, 8) for i, p in enumerate(prompts)]
+    scheduler.add(seqs[0])
+    scheduler.add(seqs[1])
+    chunks = []
+    for number in range(300):
+        if number == 3:
+            scheduler.add(seqs[2])
+        if number == 12:  # after the first prompt's end: its cached prefix is there
+            scheduler.add(seqs[3])
+        if not scheduler.has_work:
+            break
+        plan = scheduler.schedule()
+        chunks += [(c.seq.seq_id, c.start, c.end, c.is_last) for c in plan.prefills]
+        scheduler.update(plan, step.run(plan))
+    assert [s.output_tokens for s in seqs] == [mlx_lm_greedy(model, p, 8) for p in prompts]
+    long_chunks = [c for c in chunks if c[0] >= 2]
+    assert all(end % 256 == 0 for _, _, end, last in long_chunks if not last)
+    # the second long prompt starts after its cached prefix, and its first chunk (512 tokens
+    # allowed) ends at the last multiple of 256 it reaches
+    assert [c[1:3] for c in long_chunks if c[0] == 3] == [(300, 768), (768, 1200)]
+    assert bool(calls) == buckets
