@@ -68,17 +68,24 @@ def test_it_applies_to_causal_chunks_on_single_sequence_caches_only():
         assert not bucketed_attention.wanted()  # only CUDA's cuDNN builds graphs per shape
 
 
+def bucketed_on_this_cpu(monkeypatch) -> list[int]:
+    """Let float32 take the buckets (as 16-bit would on a GPU), with the route reset after
+    the test; returns the list each bucketed call's query count is appended to."""
+    monkeypatch.setattr(bucketed_attention, "CUDNN_DTYPES", (mx.float32,))
+    monkeypatch.setattr(rows, "_buckets", False)
+    calls: list[int] = []
+    real = bucketed_attention.attend
+    monkeypatch.setattr(bucketed_attention, "attend",
+                        lambda q, cache, scale: calls.append(q.shape[2]) or real(q, cache, scale))
+    return calls
+
+
 def test_a_model_routed_through_it_gives_mlx_lms_greedy_tokens(tmp_path, monkeypatch):
     model, _ = load(str(write_random_model(tmp_path / "m", preset="tiny")))
     prompt = [(7 * i + 3) % 500 + 2 for i in range(300)]
     want = mlx_lm_greedy(model, prompt, 6)
 
-    monkeypatch.setattr(bucketed_attention, "CUDNN_DTYPES", (mx.float32,))
-    monkeypatch.setattr(rows, "_buckets", False)
-    calls = []
-    real = bucketed_attention.attend
-    monkeypatch.setattr(bucketed_attention, "attend",
-                        lambda q, cache, scale: calls.append(q.shape[2]) or real(q, cache, scale))
+    calls = bucketed_on_this_cpu(monkeypatch)
     rows.install(model, buckets=True)
     cache = make_prompt_cache(model)
     for start in range(0, len(prompt), 37):  # chunks of 37, then the last 4
@@ -105,12 +112,7 @@ def test_a_gpus_chunking_on_the_padded_batch_gives_mlx_lms_greedy_tokens(tmp_pat
     from tests.mlx.test_shared_head import sequence
 
     model, _ = load(str(write_random_model(tmp_path / "m", preset="tiny")))
-    monkeypatch.setattr(bucketed_attention, "CUDNN_DTYPES", (mx.float32,))
-    monkeypatch.setattr(rows, "_buckets", False)
-    calls = []
-    real = bucketed_attention.attend
-    monkeypatch.setattr(bucketed_attention, "attend",
-                        lambda q, cache, scale: calls.append(q.shape[2]) or real(q, cache, scale))
+    calls = bucketed_on_this_cpu(monkeypatch)
     if buckets:
         rows.install(model, buckets=True)
     step = ModelStep(model, 1 << 26, lambda token: "", rows=False)
