@@ -1,8 +1,11 @@
 """Host-side text for one request: incremental detokenization and stop strings. Imports no mlx.
 
 Invariants:
-- Emitted text never ends inside a UTF-8 character: a window whose decoding ends in U+FFFD is
-  held back until the next token completes it (or the request finishes).
+- Emitted text never ends inside a UTF-8 character: a window whose decoding ends in U+FFFD
+  holds that last U+FFFD back until the next token completes it (or the request finishes).
+  Only the last one can change: the decoder replaces each maximal invalid run of bytes with
+  one U+FFFD, so adding bytes changes nothing before an incomplete tail. (Holding the whole
+  window back held a random model's run of invalid bytes for 80 tokens, a second of silence.)
 - Text that could still be the start of a stop string is held back; a stop string is never
   emitted, nor anything after it.
 - Decoding works on a small window of tokens (prefix + new), so the cost per token is constant,
@@ -25,6 +28,7 @@ class TextStream:
         self._prefix = 0  # start of the decode window
         self._read = 0  # tokens before this are already in the text
         self._pending = ""  # decoded, not yet emitted
+        self._settled = 0  # characters of the window's new text already in `_pending`
         self.stopped = False
 
     @property
@@ -37,10 +41,13 @@ class TextStream:
             return ""
         self.tokens.append(token)
         before = self._decode(self.tokens[self._prefix:self._read])
-        after = self._decode(self.tokens[self._prefix:])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            self._pending += after[len(before):]
-            self._prefix, self._read = self._read, len(self.tokens)
+        new = self._decode(self.tokens[self._prefix:])[len(before):]
+        if new and not new.endswith("\ufffd"):
+            self._pending += new[self._settled:]
+            self._prefix, self._read, self._settled = self._read, len(self.tokens), 0
+        elif len(new) - 1 > self._settled:  # all but an incomplete last character
+            self._pending += new[self._settled:-1]
+            self._settled = len(new) - 1
         return self._release(final=False)
 
     def flush(self) -> str:
@@ -49,9 +56,8 @@ class TextStream:
             return ""
         if self._read < len(self.tokens):
             before = self._decode(self.tokens[self._prefix:self._read])
-            after = self._decode(self.tokens[self._prefix:])
-            self._pending += after[len(before):]
-            self._read = len(self.tokens)
+            self._pending += self._decode(self.tokens[self._prefix:])[len(before) + self._settled:]
+            self._read, self._settled = len(self.tokens), 0
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:

@@ -393,17 +393,22 @@ class RowBatch:
 
     def host_rows(self, seqs, tokens: list[int]) -> list[HostRow] | None:
         """numpy views of each sequence's context for one decode position (`tokens`: their
-        inputs), for runner/host_body.py to write and attend in place; None when a row's
-        arrays have no room for the position yet (the MLX pass grows them). The arrays were
-        evaluated at the end of the last step, and nothing else writes a row's new position."""
+        inputs), for runner/host_body.py to write and attend in place. Where the pool gave a
+        row's run a block its arrays do not cover yet, they grow first: left to the MLX pass,
+        every such growth made a whole decode step take MLX's path, 2.5x as long
+        (docs/PERFORMANCE.md, session 23). None when a row has no arrays yet or its run no
+        block for the position (the MLX pass writes it as before). The arrays were evaluated
+        at the end of the last step, and nothing else writes a row's new position."""
         store, out = self.store, []
         for seq, token in zip(seqs, tokens):
             row = self._rows[seq.seq_id]
             arrays = store.arrays.get(row.run.run_id)
             at = row.length - row.run.start
-            if at < 0 or arrays is None or \
-                    any(k is None or k.shape[2] <= at for k in arrays.keys + arrays.values):
+            if at < 0 or at >= row.run.capacity * store.block_size or arrays is None or \
+                    any(k is None for k in arrays.keys + arrays.values):
                 return None
+            first = arrays.keys[0]
+            self._make_room(row, at + 1, first.shape[1], first.shape[3], first.dtype)
             out.append(HostRow(token, row.length, *self._views(row, at + 1)))
         return out
 
@@ -414,17 +419,22 @@ class RowBatch:
         runner/host_prefill.py to write and attend in place; the row's arrays grow first
         where they must (and are evaluated). None for a row that starts below its run. The
         arrays are float32: the numpy bodies serve float32 models only."""
-        store = self.store
         row = self._rows[seq.seq_id]
         at = row.length - row.run.start
         if at < 0:
             return None
-        grown = [store.reserve(row.run, layer, at + count, kv_heads, dim, mx.float32)
+        self._make_room(row, at + count, kv_heads, dim, mx.float32)
+        return self._views(row, at + count)
+
+    def _make_room(self, row: Row, end: int, kv_heads: int, dim: int, dtype) -> None:
+        """Grow the row's arrays in every layer to hold its run's positions [0, end), and
+        evaluate them where they grew (numpy reads them next)."""
+        store = self.store
+        grown = [store.reserve(row.run, layer, end, kv_heads, dim, dtype)
                  for layer in range(store.num_layers)]
         if any(grown):
             arrays = store.arrays[row.run.run_id]
             mx.eval(arrays.keys + arrays.values)
-        return self._views(row, at + count)
 
     def _views(self, row: Row, own: int) -> tuple[list[list[np.ndarray]],
                                                   list[list[np.ndarray]]]:

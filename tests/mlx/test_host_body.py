@@ -143,7 +143,7 @@ def test_no_host_body_off_the_cpu(arch_models, monkeypatch):
     assert HostBody.find(model) is None
 
 
-def test_a_row_without_room_for_its_next_position_is_left_to_mlx(arch_models):
+def test_a_row_whose_run_has_no_block_for_its_next_position_is_left_to_mlx(arch_models):
     model = arch_models("qwen3")
     pool = KVPool(num_blocks=64, block_size=16)
     batch = rows.RowBatch(len(model.layers), pool)
@@ -155,6 +155,29 @@ def test_a_row_without_room_for_its_next_position_is_left_to_mlx(arch_models):
     mx.eval(batch.arrays([seq]))
     batch.join(seq)
     assert batch.host_rows([seq], [5]) is None
+
+
+def test_a_row_whose_run_has_a_block_past_its_arrays_grows_them_on_the_host(arch_models):
+    # The scheduler reserves blocks as a row grows; the arrays follow in the decode step.
+    # Before, that step took MLX's path for every row, 2.5x as long as the host's.
+    model = arch_models("qwen3")
+    pool = KVPool(num_blocks=64, block_size=16)
+    batch = rows.RowBatch(len(model.layers), pool)
+    seq = _Seq(0)
+    tokens = list(range(2, 18))  # exactly one block
+    batch.admit(seq, pool.admit(0, tokens, len(tokens)))
+    logits = model(mx.array([tokens]), cache=batch.prefill_cache(seq))
+    batch.advance([seq], len(tokens))
+    pool.commit(0, tokens, len(tokens))
+    mx.eval(batch.arrays([seq]))
+    batch.join(seq)
+    seq.last = int(mx.argmax(logits[0, -1]).item())
+    run = batch._rows[0].run
+    assert batch.store.arrays[run.run_id].keys[0].shape[2] == 16
+    assert pool.reserve(0, len(tokens) + 20)
+    got = decode_greedy(model, batch, [seq], 20, HostBody.find(model))
+    assert got == [mlx_lm_greedy(model, tokens, 20)]
+    assert all(a.shape[2] == run.capacity * 16 for a in batch.store.arrays[run.run_id].keys)
 
 
 class _Batched:
