@@ -215,9 +215,10 @@ class ModelStep:
     def _shares_head(self, plan: StepPlan) -> bool:
         """Does a prompt end in this step beside decode rows, so that one head can serve
         both? Not on a distributed rank 0 (its passes are evaluated one by one, in the
-        followers' order) nor for a vision model."""
+        followers' order). An image prompt too: its own head call was a third of its last
+        step beside 8 streams (docs/PERFORMANCE.md, session 23)."""
         return (any(c.is_last for c in plan.prefills) and not self.lockstep
-                and self.split.body is not None and self.vision is None)
+                and self.split.body is not None)
 
     def _shared_head(self, hidden: mx.array, ends: list, outputs: list) -> None:
         """The decode rows' logits and those of the prompts ending beside them, through one
@@ -234,7 +235,7 @@ class ModelStep:
 
     def _prefill(self, plan: StepPlan, outputs: list, ends: list | None) -> None:
         """Build (and, where it attends in numpy, compute) the plan's prefill chunks. With
-        `ends` (a list), a text prompt's last chunk leaves its final hidden state there for
+        `ends` (a list), a prompt's last chunk leaves its final hidden state there for
         `_shared_head`, instead of taking its own head and sampling."""
         if not self._can_group(plan.prefills):
             for chunk in plan.prefills:
@@ -256,8 +257,8 @@ class ModelStep:
         if seq.vision is not None:
             extra, rope = self.vision.prefill_inputs(seq.vision, chunk.start, chunk.end)
         with rope:
-            if chunk.is_last and ends is not None:  # (a text model: `_shares_head`)
-                ends.append((seq, self.split.body(inputs, cache=caches)[:, -1, :]))
+            if chunk.is_last and ends is not None:  # (`_shares_head`)
+                ends.append((seq, self.split.body(inputs, cache=caches, **extra)[:, -1, :]))
             elif chunk.is_last:
                 logits = self._logits(inputs, caches, **extra)
                 if self.lockstep:
@@ -364,7 +365,8 @@ class ModelStep:
         if hidden is None:
             inputs = mx.array([[s.output_tokens[-1]] for s in self.rows], dtype=mx.int32)
             if defer_head:
-                hidden = self.split.body(inputs, cache=self.kv.decode_cache())[:, -1, :]
+                with self._decode_rope():
+                    hidden = self.split.body(inputs, cache=self.kv.decode_cache())[:, -1, :]
             else:
                 with self._decode_rope():
                     logits = self._logits(inputs, self.kv.decode_cache())
