@@ -38,7 +38,7 @@ from mlxr.runner.kv.prefix_cache import PrefixCache
 from mlxr.runner.logits_match import logits_match
 from mlxr.runner.transposed_head import TransposedHead
 from mlxr.runner.request import Sequence
-from mlxr.runner.sampling import SampleOutput, host_tokens, sample
+from mlxr.runner.sampling import SampleOutput, sample
 from mlxr.runner.scheduler import StepPlan, StepResult
 
 log = logging.getLogger("mlxr.runner")
@@ -374,7 +374,7 @@ class ModelStep:
             self.kv.advance(self.rows, 1)
             return hidden
         if logits is None:
-            greedy = self._host_sample(hidden)
+            greedy = self._host_greedy(hidden)
             if greedy is not None:
                 return greedy
             logits = self._head(hidden)
@@ -419,23 +419,20 @@ class ModelStep:
         return body is not None and (rows <= HOST_BODY_MAX_ROWS or (
             rows <= HOST_BATCH_MAX_ROWS and body.rope_tables is not None))
 
-    def _host_sample(self, hidden: mx.array) -> SampleOutput | None:
-        """The rows' tokens from the host head's logits in numpy, where that head serves
-        them, the logits need no transform and every row is plain greedy or top-k sampled
-        (no penalties, bias, hooks or log-probabilities; `sampling.host_tokens`): the logits
-        never become an MLX array (greedy: 0.5 ms of an 11 ms token at one stream; sampled
-        with Ollama's defaults: about 1 ms). numpy's argmax takes the first of tied maxima,
-        as `argmax_rows` does. Else None."""
+    def _host_greedy(self, hidden: mx.array) -> SampleOutput | None:
+        """The rows' tokens as numpy's argmax of the host head's logits, where that head
+        serves them, the logits need no transform and every row is plain greedy (no
+        penalties, bias, hooks or log-probabilities): the logits never become an MLX array
+        (0.5 ms of an 11 ms token at one stream). numpy's argmax takes the first of tied
+        maxima, as `argmax_rows` does. Else None."""
         if not self._host_head_for(hidden.shape[0]) or self.split.post is not None or \
-                self.lockstep or any(s.sampler.needs_processing or s.logprobs
-                                     for s in self.rows):
+                self.lockstep or any(not s.sampler.greedy or s.sampler.needs_processing
+                                     or s.logprobs for s in self.rows):
             return None
         logits = self.host_head.host_logits(np.asarray(hidden.astype(mx.float32)))
-        tokens = host_tokens(logits, [s.sampler for s in self.rows])
         self.kv.advance(self.rows, 1)
-        if tokens is None:  # a row samples from the whole vocabulary: MLX sorts it
-            return self._sample(mx.array(logits), self.rows)
-        return SampleOutput(mx.array(tokens), None, None, None)
+        return SampleOutput(mx.array(logits.argmax(axis=-1).astype(np.int32)), None, None,
+                            None)
 
     def _host_head_for(self, rows: int) -> bool:
         return self.host_head is not None and rows <= self.host_head.max_rows

@@ -231,56 +231,6 @@ def _sample_rows(logits: mx.array, samplers: list[Sampler]) -> mx.array:
     return mx.take_along_axis(cand_ids, choice, axis=-1)[:, 0].astype(mx.int32)
 
 
-def host_tokens(logits: np.ndarray, samplers: Seq[Sampler]) -> np.ndarray | None:
-    """`sample`'s tokens for rows whose logits are already in numpy (the host head's), where
-    every row is greedy or samples from at most MAX_TOP_K candidates, with no penalties,
-    bias or hooks (the caller checks those, and log-probabilities): the same steps as
-    `_sample_rows` and the same draw from each row's generator, so a seeded request gives
-    the same tokens on either path (up to float rounding at a boundary of the cumulative
-    sum). At one stream this saved the logits' round trip through MLX, about 1 ms of an 11
-    ms token (docs/PERFORMANCE.md, session 23). None where a row samples from the whole
-    vocabulary (a sort of 152k logits is MLX's work)."""
-    vocab = logits.shape[-1]
-    if any(not s.greedy and not 0 < s.top_k <= min(MAX_TOP_K, vocab) for s in samplers):
-        return None
-    out = np.empty(len(samplers), dtype=np.int32)
-    for i, s in enumerate(samplers):
-        row = logits[i].astype(np.float32, copy=False)
-        if s.greedy:
-            out[i] = row.argmax()
-            continue
-        ids = _top_k_ids(row, s.top_k)
-        values = row[ids]
-        order = np.argsort(-values, kind="stable")
-        ids, values = ids[order], values[order]
-        scaled = values / np.float32(max(s.temperature, 1e-6))
-        probs = np.exp(scaled - scaled[0])
-        probs /= probs.sum()
-        top_p = s.top_p if 0 < s.top_p < 1 else 1.0
-        keep = ((np.cumsum(probs) - probs) < top_p) & (probs >= max(s.min_p, 0.0) * probs[0])
-        cdf = np.cumsum(np.where(keep, probs, np.float32(0)))
-        u = np.float32(s.rng.random())
-        choice = min(int(np.count_nonzero(cdf < u * cdf[-1])), len(ids) - 1)
-        out[i] = ids[choice]
-    return out
-
-
-def _top_k_ids(row: np.ndarray, k: int) -> np.ndarray:
-    """The ids of the k largest of `row` (unordered), by `top_k_candidates`' grid where the
-    vocabulary has a divisor to use: a partition of the k best columns' entries, not of the
-    whole row."""
-    vocab = row.shape[0]
-    grid_rows = _grid_rows(vocab)
-    if grid_rows is None or k * 512 >= vocab:
-        return np.argpartition(-row, k - 1)[:k]
-    cols = vocab // grid_rows
-    grid = row.reshape(grid_rows, cols)
-    best = np.argpartition(-grid.max(axis=0), k - 1)[:k]
-    cand_ids = (np.arange(grid_rows)[:, None] * cols + best[None, :]).reshape(-1)
-    pick = np.argpartition(-row[cand_ids], k - 1)[:k]
-    return cand_ids[pick]
-
-
 def _add_logprobs(out: SampleOutput, logits: mx.array, want: Seq[int]) -> None:
     """Log-probabilities of the chosen tokens and the top alternatives, for the rows that ask.
     Only the log-normalizer touches the whole vocabulary; the rest works on k values."""

@@ -74,21 +74,18 @@ def test_the_transposed_head_is_kept_only_where_it_is_faster(tiny_model, monkeyp
     assert TransposedHead.find(model, split_model(model).head) is None
 
 
-def decode_with_host_head(model, library, rows: list[tuple[Options, bool]], steps: int,
-                          mlx_sampler: bool = False):
+def decode_with_host_head(model, library, rows: list[tuple[Options, bool]], steps: int):
     """Decoding of a prompt per (options, log-probabilities wanted) through a ModelStep whose
-    host head is the BLAS one; returns the sequences and how many steps took their tokens
-    from the host logits in numpy (none with `mlx_sampler`: MLX samples every step)."""
+    host head is the BLAS one; returns the sequences and how many steps took numpy's argmax
+    of the host logits."""
     step = ModelStep(model, 0, lambda token: "")
     step.host_head = HostHead.find(model, step.split.head, library)
     assert step.host_head is not None
     scheduler = Scheduler(SchedulerConfig(), step.make_pool(256, 16), admit=step.admit,
                           eos_token_ids=set())
     on_host, host_bodies = [], []
-    sampled, body = step._host_sample, step._host_hidden
-    if mlx_sampler:
-        sampled = lambda hidden: None  # noqa: E731
-    step._host_sample = lambda hidden: on_host.append(sampled(hidden)) or on_host[-1]
+    greedy, body = step._host_greedy, step._host_hidden
+    step._host_greedy = lambda hidden: on_host.append(greedy(hidden)) or on_host[-1]
     step._host_hidden = lambda: host_bodies.append(body()) or host_bodies[-1]
     seqs = []
     for i, (opts, logprobs) in enumerate(rows):
@@ -118,30 +115,12 @@ def test_plain_greedy_rows_take_numpys_argmax_of_the_host_logits(tiny_model):
 
 @pytest.mark.parametrize("other", [(Options(temperature=0.0, repeat_penalty=1.3), False),
                                    (Options(temperature=0.0), True),
-                                   (Options(temperature=0.7, seed=3, logit_bias={5: 2.0}),
-                                    False)],
-                         ids=["penalty", "logprobs", "bias"])
-def test_a_row_with_processing_or_logprobs_keeps_the_mlx_sampler(tiny_model, other):
+                                   (Options(temperature=0.7, seed=3), False)],
+                         ids=["penalty", "logprobs", "sampled"])
+def test_a_row_that_is_not_plain_greedy_keeps_the_mlx_sampler(tiny_model, other):
     model, _ = load(str(tiny_model))
     seqs, host_bodies, on_host = decode_with_host_head(
         model, probed_blas(), [(Options(temperature=0.0), False), other], steps=6)
     assert host_bodies > 0 and on_host == 0
     assert seqs[0].output_tokens == mlx_lm_greedy(model, seqs[0].prompt_tokens, 6)
     assert len(seqs[1].output_tokens) == 6
-
-
-def test_top_k_sampled_rows_take_the_host_logits_and_the_mlx_samplers_tokens(tiny_model):
-    # Ollama's default sampling (top_k 40, top_p 0.9) beside a greedy row: every step's
-    # tokens come from the host logits in numpy, and they are the tokens MLX's sampler draws
-    # from the same seeds.
-    model, _ = load(str(tiny_model))
-    rows = [(Options(temperature=0.8, top_k=40, top_p=0.9, seed=7), False),
-            (Options(temperature=0.0), False),
-            (Options(temperature=1.2, top_k=5, min_p=0.1, seed=8), False)]
-    seqs, host_bodies, on_host = decode_with_host_head(model, probed_blas(), rows, steps=12)
-    assert on_host == host_bodies > 0
-    mlx_seqs, _, none = decode_with_host_head(model, probed_blas(), rows, steps=12,
-                                              mlx_sampler=True)
-    assert none == 0
-    assert [s.output_tokens for s in seqs] == [s.output_tokens for s in mlx_seqs]
-    assert seqs[1].output_tokens == mlx_lm_greedy(model, seqs[1].prompt_tokens, 12)

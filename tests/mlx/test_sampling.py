@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from mlxr.runner.sampling import Sampler, argmax_rows, host_tokens, sample, top_k_candidates
+from mlxr.runner.sampling import Sampler, argmax_rows, sample, top_k_candidates
 from mlxr.shared.protocol import Options
 
 
@@ -105,40 +105,3 @@ def test_greedy_rows_take_the_argmax_and_penalties_touch_only_their_row():
     assert tokens[0] == 5
     assert tokens[1] == int(np.argmax(np.where(np.arange(1000) == 5, 0.1, raw[1])))
     assert tokens[2] == 9
-
-
-HOST_ROWS = [dict(temperature=0.8, top_k=40, top_p=0.9),  # Ollama's defaults
-             dict(temperature=0.0),
-             dict(temperature=1.5, top_k=200, top_p=1.0),
-             dict(temperature=0.7, top_k=5, min_p=0.2),
-             dict(temperature=0.8, top_k=1),
-             dict(temperature=0.3, top_k=1024, top_p=0.5)]
-
-
-def test_host_tokens_are_the_mlx_samplers_tokens_draw_for_draw():
-    # The host path (numpy, from the host head's logits) and `sample` on MLX take the same
-    # tokens from the same seeded generators, step after step, on a vocabulary with a grid
-    # (Qwen's) and on one without.
-    rng = np.random.default_rng(5)
-    for vocab in (151_680, 5_003):
-        def samplers():
-            return [Sampler.from_options(Options(seed=10 + i, **o), 4096)
-                    for i, o in enumerate(HOST_ROWS)]
-
-        on_host, on_mlx = samplers(), samplers()
-        for step in range(40):
-            scale = 1.0 + step % 4 * 2.0  # flat to peaked distributions
-            logits = (rng.standard_normal((len(HOST_ROWS), vocab)) * scale).astype(np.float32)
-            got = host_tokens(logits, on_host)
-            want = sample(mx.array(logits), on_mlx, [[]] * len(HOST_ROWS),
-                          [-1] * len(HOST_ROWS)).tokens
-            assert got.tolist() == np.array(want).tolist(), (vocab, step)
-        assert got.dtype == np.int32
-
-
-def test_host_tokens_leave_a_whole_vocabulary_row_to_mlx():
-    logits = np.zeros((2, 151_680), dtype=np.float32)
-    whole = [Sampler.from_options(Options(seed=1, temperature=0.8, top_k=0), 4096),
-             Sampler.from_options(Options(seed=2, temperature=0.8, top_k=2000), 4096)]
-    for sampler in whole:
-        assert host_tokens(logits[:1], [sampler]) is None
