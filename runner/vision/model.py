@@ -135,6 +135,9 @@ class VisionModel:
         for features in staged:
             if features is None:
                 yield
+        if features is not None:  # the merger: a stage of its own, apart from the merge
+            mx.eval(features)
+            yield
         ids = mx.array([vp.tokens], dtype=mx.int32)
         extra = {"mask" if k == "attention_mask" else k: mx.array(v)
                  for k, v in vp.arrays.items() if k != "pixel_values"}
