@@ -12,12 +12,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlxr.runner.kv import host_attention
 from mlxr.runner.vision import model as vision
 from mlxr.shared.images import decode_base64_image
 from mlxr.supervisor.store.random_model import write_random_model
 from tests.harness.images import b64, encoded, noise
 
-SIDE = 224  # 256 patches: 4 windows in the windowed block
+SIDE = 224  # 256 patches: 16 windows of 16 in the windowed block
 
 
 @pytest.fixture(scope="module", params=["qwen2.5-vl", "qwen2-vl"])
@@ -37,8 +38,8 @@ def prompt(request, tmp_path_factory):
     return vm, vm.prepare(f"look: {vm.placeholder}", [image])
 
 
-def run_stages(vm, vp, **kwargs) -> tuple[mx.array, int]:
-    stages = list(vision._qwen_tower_stages(vm.vlm.vision_tower, vp, False, **kwargs))
+def run_stages(vm, vp, host: bool = False, **kwargs) -> tuple[mx.array, int]:
+    stages = list(vision._qwen_tower_stages(vm.vlm.vision_tower, vp, host, **kwargs))
     return stages[-1], len(stages) - 1
 
 
@@ -67,6 +68,30 @@ def test_staged_tower_gives_mlx_vlm_features(prompt, whole_blocks, masked, monke
     want = reference(vm, vp)
     assert got.shape == want.shape
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("scores", [16 * 16, 2 * 16 * 16, vision.STAGE_SCORES],
+                         ids=["a-window-a-call", "two-windows-a-call", "all-windows-a-call"])
+@pytest.mark.parametrize("host", [False, True], ids=["mlx-attention", "numpy-softmax"])
+def test_windows_attended_together_give_mlx_vlm_features(prompt, scores, host, monkeypatch):
+    # CPU stages: runs of equal windows in one call (each head and window a head of it),
+    # with MLX's attention or numpy's softmax.
+    vm, vp = prompt
+    monkeypatch.setattr(vision, "STAGE_SCORES", scores)
+    monkeypatch.setattr(host_attention, "MIN_SCORES", 0)  # every call, where host
+    got, _ = run_stages(vm, vp, host=host)
+    np.testing.assert_allclose(np.array(got), np.array(reference(vm, vp)), rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_attention_calls_join_equal_windows_within_the_stage_budget(monkeypatch):
+    monkeypatch.setattr(vision, "STAGE_SCORES", 3 * 16)  # three 4-patch windows a call
+    windows = [0, 4, 8, 12, 16, 20, 26, 30]  # five of 4 patches, one of 6, one of 4
+    assert list(vision._attention_calls(windows)) == [
+        (0, 12, 0, 12, 3), (12, 20, 12, 20, 2), (20, 26, 20, 26, 1), (26, 30, 26, 30, 1)]
+    # a segment past the budget alone: its query rows in pieces, one call each
+    assert list(vision._attention_calls([0, 10])) == [(0, 4, 0, 10, 1), (4, 8, 0, 10, 1),
+                                                      (8, 10, 0, 10, 1)]
 
 
 def test_whole_blocks_take_one_stage_each(prompt, monkeypatch):
