@@ -364,11 +364,10 @@ class ModelStep:
         hidden = self._host_hidden()
         if hidden is None:
             inputs = mx.array([[s.output_tokens[-1]] for s in self.rows], dtype=mx.int32)
-            if defer_head:
-                with self._decode_rope():
+            with self._decode_rope():
+                if defer_head:
                     hidden = self.split.body(inputs, cache=self.kv.decode_cache())[:, -1, :]
-            else:
-                with self._decode_rope():
+                else:
                     logits = self._logits(inputs, self.kv.decode_cache())
         if defer_head:
             self.kv.advance(self.rows, 1)
