@@ -5,6 +5,7 @@ while a long prompt is prefilled."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import re
@@ -139,9 +140,12 @@ async def _stall_round(target, tokenizer, streams: int, gen_tokens: int, prompt:
     during = sorted(((g, a - arrival) for r in records
                      for a, g in zip(r.token_times_s[1:], r.itls_s())
                      if arrival <= a <= done + 0.5), reverse=True)
-    base = statistics.median(before)
-    worst = during[0][0] if during else 0.0
+    base = statistics.median(before) if before else math.nan
+    # No token in the window, or none apart before it (the streams' tokens came in one
+    # burst): nothing was measured, which is NaN, not a perfect 0. (A stream whose text was
+    # held reached the client all at once, and a control once read 0.)
+    worst = during[0][0] if during else math.nan
     return {"window_s": done - arrival, "median_itl_before_s": base, "max_gap_during_s": worst,
-            "max_gap_in_itls": worst / base,
+            "max_gap_in_itls": worst / base if base > 0 else math.nan,
             # [gap, when it ended (s after the prompt arrived)]: where the stall comes from
             "largest_gaps_s": [[round(g, 4), round(at, 3)] for g, at in during[:3]]}

@@ -5,6 +5,7 @@ them all for 200 ms while it is read. No model, no HTTP."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 from mlxr.supervisor.bench import scenarios
@@ -61,3 +62,22 @@ def test_the_stall_is_measured_against_a_window_as_long_with_no_prompt():
     assert out["control_max_gap_in_itls"] < out["max_gap_in_itls"] / 3
     gap, ended = out["largest_gaps_s"][0]
     assert gap >= HOLD_S and 0.05 <= ended <= 0.5  # it fell where the hold was
+
+
+class BurstServer(FakeServer):
+    """Streams whose tokens all reach the client at once, at the end (as a stream whose text
+    a server holds back would)."""
+
+    async def stream(self, client, prompt, gen_tokens, sampling, record) -> None:
+        await asyncio.sleep(TICK_S * (1 if gen_tokens == 1 else 6))
+        now = time.perf_counter()
+        for _ in range(gen_tokens):
+            add_chunk(record, now, 1)
+        record.end_s = now
+
+
+def test_streams_that_come_in_one_burst_measure_nothing_not_a_perfect_zero():
+    out = asyncio.run(scenarios.prefill_stall(BurstServer(), FakeTokenizer(), streams=2,
+                                              long_tokens=50, gen_tokens=60))
+    for key in ("max_gap_in_itls", "control_max_gap_in_itls"):
+        assert math.isnan(out[key]), (key, out[key])
