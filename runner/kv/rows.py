@@ -407,8 +407,9 @@ class RowBatch:
             if at < 0 or at >= row.run.capacity * store.block_size or arrays is None or \
                     any(k is None for k in arrays.keys + arrays.values):
                 return None
-            first = arrays.keys[0]
-            self._make_room(row, at + 1, first.shape[1], first.shape[3], first.dtype)
+            if any(k.shape[2] <= at for k in arrays.keys + arrays.values):
+                first = arrays.keys[0]
+                self._make_room(row, at + 1, first.shape[1], first.shape[3], first.dtype)
             out.append(HostRow(token, row.length, *self._views(row, at + 1)))
         return out
 
