@@ -13,9 +13,11 @@ nothing is asserted."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import concurrent.futures as cf
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -125,6 +127,7 @@ def main() -> None:
                         help="also time one layer of this preset (the hosts calculation)")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bench-dist-"))
+    atexit.register(shutil.rmtree, folder, True)  # the models: 100-300 MB
     if args.layer_preset:
         layer_times(args.layer_preset, folder)
     model = write_random_model(folder / "model", args.preset, 0)

@@ -11,10 +11,12 @@ pixels (448: 1,024 patches, 256 image tokens). Prints figures; nothing is assert
 from __future__ import annotations
 
 import argparse
+import atexit
 import base64
 import io
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -130,6 +132,7 @@ def main() -> None:
                     help="the control's window: about the image's TTFT inside the streams")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-vision-"))
+    atexit.register(shutil.rmtree, tmp, True)  # the models: 100-300 MB
     model = write_random_model(tmp / "vl", "qwen2.5-vl")
     cfg_path = model / "preprocessor_config.json"
     cfg = json.loads(cfg_path.read_text())

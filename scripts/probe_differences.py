@@ -9,6 +9,8 @@ probes it. scripts/gpu_check.sh runs it on a GPU.
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -62,6 +64,7 @@ def report(name: str, path: Path) -> None:
 def main() -> None:
     print("float32 matmul, largest relative error:", f"{matmul_error():.3g}", flush=True)
     tmp = Path(tempfile.mkdtemp())
+    atexit.register(shutil.rmtree, tmp, True)  # the models: 100-300 MB
     for dtype in ("float32", "bfloat16"):
         for arch in ("qwen3", "llama", "granite"):
             report(f"{arch} {dtype}", write_random_model(tmp / f"{arch}-{dtype}", arch=arch,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,23 @@ def model_factory(tmp_path_factory):
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_folders_go_with_the_module(request, tmp_path_factory):
+    """A module's own tmp_path_factory folders (stores, model copies, registries: 50-550 MB
+    each, about 7 GB a run in all) are removed when its fixtures end, unless one of its tests
+    failed. model_factory's models serve the whole session and stay. A test's tmp_path goes
+    when the test passes (tmp_path_retention_policy in pyproject.toml)."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    failed = request.session.testsfailed
+    yield
+    if request.session.testsfailed != failed:
+        return
+    for path in set(base.iterdir()) - before:
+        if not path.name.startswith("model-"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
