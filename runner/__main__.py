@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from mlxr.runner import heap
-from mlxr.shared.blas import choose
+from mlxr.shared.blas import choose, preload_env
 from mlxr.shared.config import RunnerConfig, Settings
 from mlxr.shared.runner_auth import new_token_file, read_token_line, token_from_file
 
@@ -74,7 +74,7 @@ def _preload_blas(config: RunnerConfig, parent: int) -> None:
         path = choice.path
     if not path or path in os.environ.get("LD_PRELOAD", "").split():
         return  # nothing passed its probe, or the supervisor preloaded it already
-    env = dict(os.environ, LD_PRELOAD=" ".join(p for p in (path, os.environ.get("LD_PRELOAD")) if p))
+    env = preload_env(dict(os.environ), path)
     env[PARENT_ENV] = str(parent)
     os.execve(sys.executable, [sys.executable, "-m", "mlxr.runner", *sys.argv[1:]], env)
 

@@ -15,6 +15,8 @@ Invariants:
   `candidates` order, newest OpenBLAS first); a library named by
   MLXR_OPENBLAS wins whenever it passes, and when it fails the others are tried.
 - Nothing is preloaded off Linux, or where MLX does not run on the CPU (mlx[cuda]).
+- A process that preloads the library also gets OPENBLAS_THREAD_TIMEOUT (`preload_env`),
+  unless its environment sets it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ PROBE_TIMEOUT_S = 120.0
 CACHE_FILE = "blas-probes.json"
 TIE = 0.05
 _ROOT = Path(__file__).resolve().parent.parent  # where `shared` is importable from
+# OpenBLAS's threads spin for 2^28 cycles (about 0.1 s) after each threaded call before they
+# sleep; 4 is its least, 2^4 cycles. A decode step of one or two rows makes a hundred small
+# threaded sgemv calls in its body (runner/host_body.py), then the head's own two threads
+# (runner/row_kernel.py) shared the cores with spinning ones: the 147M model's head took
+# 24 ms after the body against 12.6 ms alone, and one stream ran 30-34% faster with the
+# threads asleep (docs/PERFORMANCE.md, "OpenBLAS's threads after the body").
+THREAD_TIMEOUT = "4"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +107,16 @@ class BlasChoice:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def preload_env(env: dict[str, str], library: str) -> dict[str, str]:
+    """`env` with `library` preloaded ahead of what it preloads already, and OpenBLAS's
+    threads told to sleep as soon as their work is done (THREAD_TIMEOUT) unless `env` says
+    otherwise."""
+    out = dict(env)
+    out["LD_PRELOAD"] = " ".join(p for p in (library, env.get("LD_PRELOAD")) if p)
+    out.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)
+    return out
 
 
 def candidates(cache_dir: Path, explicit: str | None = None) -> list[Candidate]:

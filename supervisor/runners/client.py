@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import aiohttp
 import orjson
 
-from mlxr.shared.blas import BlasChoice, choose
+from mlxr.shared.blas import BlasChoice, choose, preload_env
 from mlxr.shared.config import RunnerConfig, Settings
 from mlxr.shared.errors import (InvalidModelFile, MlxrError, RunnerFailed, Unauthorized,
                                 from_status, from_wire)
@@ -400,11 +400,9 @@ class BlasSelection:
 def runner_env(blas: str | None) -> dict[str, str]:
     """A runner inherits our environment (PATH, PYTHONPATH, HF_* ...); only the BLAS preload
     is added (a library that passed its probe on this CPU, shared/blas.py), which makes
-    float32 matmuls several times faster on Linux CPU."""
+    float32 matmuls several times faster on Linux CPU, with its threads' spin timeout."""
     env = dict(os.environ)
-    if blas:
-        env["LD_PRELOAD"] = " ".join(p for p in (blas, env.get("LD_PRELOAD")) if p)
-    return env
+    return preload_env(env, blas) if blas else env
 
 
 class RunnerGroup(GroupMixin, RunnerClient):

@@ -8,9 +8,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 
-from mlxr.shared.blas import choose, probe
+from mlxr.shared.blas import THREAD_TIMEOUT, choose, probe
 from tests.harness.server import serving
 
 pytestmark = pytest.mark.timeout(240)
@@ -93,3 +94,8 @@ def test_a_server_told_to_use_a_crashing_library_still_answers(server, libraries
     assert "blas: " in log and "rejected MLXR_OPENBLAS: was killed by SIGILL" in log
     expected = choose(libraries["crashes"], cache_dir).path  # the verdicts it cached
     assert Path(running["blas"]["path"]).resolve() == Path(expected).resolve()
+    # Preloaded by the supervisor, with OpenBLAS's threads asleep once their work is done.
+    [pid] = server.runner_pids()
+    env = psutil.Process(pid).environ()
+    assert running["blas"]["path"] in env["LD_PRELOAD"].split()
+    assert env["OPENBLAS_THREAD_TIMEOUT"] == THREAD_TIMEOUT

@@ -140,3 +140,24 @@ def test_exit_statuses_in_words():
     assert describe_exit(-signal.SIGILL) == "was killed by SIGILL (illegal instruction)"
     assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL (killed)"
     assert describe_exit(3) == "exited with code 3"
+
+
+def test_a_preloading_environment_puts_the_library_first_and_lets_openblas_threads_sleep():
+    env = blas.preload_env({"LD_PRELOAD": "/lib/other.so", "PATH": "/bin"}, "/lib/blas.so")
+    assert env["LD_PRELOAD"] == "/lib/blas.so /lib/other.so" and env["PATH"] == "/bin"
+    assert env["OPENBLAS_THREAD_TIMEOUT"] == blas.THREAD_TIMEOUT == "4"
+    assert blas.preload_env({}, "/lib/blas.so")["LD_PRELOAD"] == "/lib/blas.so"
+
+
+def test_a_user_set_thread_timeout_is_kept():
+    env = blas.preload_env({"OPENBLAS_THREAD_TIMEOUT": "28"}, "/lib/blas.so")
+    assert env["OPENBLAS_THREAD_TIMEOUT"] == "28"
+
+
+def test_runners_get_the_timeout_only_with_a_preload(monkeypatch):
+    from mlxr.supervisor.runners.client import runner_env
+
+    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
+    monkeypatch.setenv("LD_PRELOAD", "")
+    assert runner_env("/lib/blas.so")["OPENBLAS_THREAD_TIMEOUT"] == "4"
+    assert "OPENBLAS_THREAD_TIMEOUT" not in runner_env(None)
