@@ -52,7 +52,7 @@ _ROOT = Path(__file__).resolve().parent.parent  # where `shared` is importable f
 # sleep; 4 is its least, 2^4 cycles. A decode step of one or two rows makes a hundred small
 # threaded sgemv calls in its body (runner/host_body.py), then the head's own two threads
 # (runner/row_kernel.py) shared the cores with spinning ones: the 147M model's head took
-# 24 ms after the body against 12.6 ms alone, and one stream ran 30-34% faster with the
+# 24 ms after the body against 12.6 ms alone, and one stream ran 28-31% faster with the
 # threads asleep (docs/PERFORMANCE.md, "OpenBLAS's threads after the body").
 THREAD_TIMEOUT = "4"
 
