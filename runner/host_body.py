@@ -38,6 +38,7 @@ from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, openblas_sgemm, openblas_
 from mlxr.runner.host_ops import Gemm, RopeTables
 from mlxr.runner.host_swiglu import silu_times
 from mlxr.runner.kv.host_attention import attend_position
+from mlxr.runner.quant_kernel import QuantKernel, QuantizedWeight
 from mlxr.runner.row_kernel import RowKernel
 
 log = logging.getLogger("mlxr.runner")
@@ -63,11 +64,15 @@ def _array(a) -> np.ndarray | None:
     return np.asarray(a) if isinstance(a, mx.array) and a.dtype == mx.float32 else None
 
 
-def _linear(module) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """A plain float32 Linear's (weight, bias), else None."""
-    if type(module) is not nn.Linear:
+def _linear(module) -> tuple[np.ndarray | QuantizedWeight, np.ndarray | None] | None:
+    """A plain float32 Linear's (weight, bias), or a quantized one's the quantized kernel
+    takes (runner/quant_kernel.py), else None."""
+    if type(module) is nn.QuantizedLinear:
+        weight = QuantizedWeight.of(module)
+    elif type(module) is nn.Linear:
+        weight = _array(module.weight)
+    else:
         return None
-    weight = _array(module.weight)
     bias = _array(module["bias"]) if "bias" in module else None
     if weight is None or ("bias" in module and bias is None):
         return None
@@ -163,13 +168,15 @@ class _Products:
     product). Invariant: a product without bias returns that layer's buffer, which its next
     product overwrites; the body uses each result (a new array) before that."""
 
-    def __init__(self, sgemv):
+    def __init__(self, sgemv, quant: QuantKernel | None = None):
         self._sgemv = sgemv
+        self._quant = quant  # for quantized weights
         self._inputs: dict[int, tuple[np.ndarray, int]] = {}
 
     def bind(self, linear: tuple) -> tuple | _Bound:
         weight, bias = linear
-        if self._sgemv is None or not weight.flags.c_contiguous:
+        if self._sgemv is None or isinstance(weight, QuantizedWeight) or \
+                not weight.flags.c_contiguous:
             return linear
         rows, cols = weight.shape
         if cols not in self._inputs:
@@ -181,7 +188,13 @@ class _Products:
     def __call__(self, x: np.ndarray, linear: tuple | _Bound) -> np.ndarray:
         if not isinstance(linear, _Bound):
             weight, bias = linear
-            out = weight @ x
+            if isinstance(weight, QuantizedWeight):
+                out = np.empty((1, weight.shape[0]), dtype=np.float32)
+                self._quant.product(weight, x.reshape(1, -1).astype(np.float32, copy=False),
+                                    out)
+                out = out[0]
+            else:
+                out = weight @ x
             return out if bias is None else out + bias
         rows, cols = linear.weight.shape
         buffer, address = self._inputs[cols]
@@ -219,12 +232,13 @@ class _Rotations:
 
 
 class HostBody:
-    def __init__(self, embed: np.ndarray, layers: list[_Layer], norm: tuple,
+    def __init__(self, embed: np.ndarray | QuantizedWeight, layers: list[_Layer], norm: tuple,
                  rotations: _Rotations, weights: list[mx.array], library: str | None = None,
-                 kernel: RowKernel | None = None):
+                 kernel: RowKernel | None = None, quant: QuantKernel | None = None):
         self._weights = weights  # keep the buffers the numpy views point into alive
-        self.embed = embed
-        self._project = _Products(openblas_sgemv(library))
+        self.embed = embed  # rows by token id (a QuantizedWeight dequantizes them)
+        self.quantized = quant is not None  # some weights are read by the quantized kernel
+        self._project = _Products(openblas_sgemv(library), quant)
         bind = self._project.bind
         self.layers = [dataclasses.replace(layer, **{name: bind(getattr(layer, name))
                                                      for name in _Layer.LINEARS})
@@ -232,7 +246,7 @@ class HostBody:
         self.norm = norm
         self.rotations = rotations
         self.head_dim = layers[0].q[0].shape[0] // layers[0].heads
-        self.gemm = Gemm(openblas_sgemm(library), kernel)
+        self.gemm = Gemm(openblas_sgemm(library), kernel, quant)
         try:  # per-position tables for many rows (and prefill chunks), where the rope allows
             self.rope_tables: RopeTables | None = RopeTables(rotations)
         except ValueError as exc:
@@ -250,15 +264,24 @@ class HostBody:
         body = getattr(model, "model", None)
         embed = getattr(body, "embed_tokens", None)
         layers = getattr(body, "layers", None)
-        if type(embed) is not nn.Embedding or not layers:
+        if type(embed) not in (nn.Embedding, nn.QuantizedEmbedding) or not layers:
             return None
         weights = [a for _, a in tree_flatten(model.parameters())]
         mx.eval(weights)
-        table = _array(embed.weight)
+        table = _array(embed.weight) if type(embed) is nn.Embedding else \
+            QuantizedWeight.of(embed)
         parsed = [_Layer.of(layer) for layer in layers]
         norm = _norm(getattr(body, "norm", None))
         if table is None or norm is None or any(p is None for p in parsed):
             return None
+        kernel = kernel if isinstance(kernel, RowKernel) else None  # not the head's quantized one
+        quant = None
+        if isinstance(table, QuantizedWeight) or any(
+                isinstance(getattr(p, name)[0], QuantizedWeight)
+                for p in parsed for name in _Layer.LINEARS):
+            quant = QuantKernel.load()
+            if quant is None:
+                return None
         head_dim = parsed[0].q[0].shape[0] // parsed[0].heads
         ropes = [getattr(layer.self_attn, "rope", None) for layer in layers]
         if any(r is None for r in ropes):
@@ -270,7 +293,7 @@ class HostBody:
                 for at in (1, 4099):
                     if not np.array_equal(other.make(at, 1), rotations.make(at, 1)):
                         return None
-            host = cls(table, parsed, norm, rotations, weights, library, kernel)
+            host = cls(table, parsed, norm, rotations, weights, library, kernel, quant)
             return host if host.matches(model) else None
         except Exception as exc:  # a rope or layer this code does not read
             log.info("decode body in numpy does not apply (%s)", exc)

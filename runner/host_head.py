@@ -28,6 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from mlxr.runner.quant_kernel import QuantKernel, QuantizedWeight
 from mlxr.runner.row_kernel import RowKernel
 
 log = logging.getLogger("mlxr.runner")
@@ -90,6 +91,21 @@ def matches(head: Callable[[mx.array], mx.array], mlx_head: Callable[[mx.array],
     return False
 
 
+def quantized_head_weight(model, mlx_head: Callable[[mx.array], mx.array] | None,
+                          ) -> QuantizedWeight | None:
+    """The head's weight where the quantized kernel may replace `mlx_head`: the default
+    device is the CPU and the head is a quantized `lm_head` without bias, or tied quantized
+    embeddings, in a layout the kernel takes; else None."""
+    if mlx_head is None or mx.default_device() != mx.cpu:
+        return None
+    lm_head = getattr(model, "lm_head", None)
+    if lm_head is not None:
+        return QuantizedWeight.of(lm_head) if type(lm_head) is nn.QuantizedLinear and \
+            "bias" not in lm_head else None
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    return QuantizedWeight.of(embed) if type(embed) is nn.QuantizedEmbedding else None
+
+
 def _head_weight(model) -> mx.array | None:
     """The (vocab, hidden) float32 matrix the head multiplies by, if it is a plain one."""
     lm_head = getattr(model, "lm_head", None)
@@ -106,11 +122,14 @@ def _head_weight(model) -> mx.array | None:
 
 
 class HostHead:
-    def __init__(self, weight: mx.array, sgemv: Callable[..., None] | None,
-                 kernel: RowKernel | None = None):
-        mx.eval(weight)
-        self._weight = weight  # keeps the buffer the numpy view points into alive
-        self._matrix = np.asarray(weight)
+    def __init__(self, weight: mx.array | QuantizedWeight, sgemv: Callable[..., None] | None,
+                 kernel: RowKernel | QuantKernel | None = None):
+        if isinstance(weight, QuantizedWeight):  # read by the quantized kernel only
+            self._weight, self._matrix = weight.keep, weight
+        else:
+            mx.eval(weight)
+            self._weight = weight  # keeps the buffer the numpy view points into alive
+            self._matrix = np.asarray(weight)
         self._sgemv = sgemv
         self.kernel = kernel
         self.vocab, self.hidden = self._matrix.shape
@@ -129,6 +148,13 @@ class HostHead:
         `library`: an OpenBLAS to load when none is preloaded (tests). `kernel`: try the C
         kernel (runner/row_kernel.py), kept where it beats `rival` (the head the runner
         would use instead; default `mlx_head`)."""
+        quantized = quantized_head_weight(model, mlx_head)
+        if quantized is not None:  # MLX's quantized CPU product is 5-44x slower: no race
+            quant = QuantKernel.load()
+            head = None if quant is None else cls(quantized, None, quant)
+            return head if head is not None and all(
+                matches(head, mlx_head, rows, head.hidden, "quantized")
+                for rows in {1, 2, 13}) else None
         weight = cpu_head_weight(model, mlx_head)
         if weight is None or not np.asarray(weight).flags.c_contiguous:
             return None

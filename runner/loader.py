@@ -82,7 +82,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     from mlxr.runner.model_step import ModelStep
     from mlxr.runner.tokenizer import load_tokenizer
     from mlxr.runner.vision.model import load_vision
-    from mlxr.runner.weights import float32_on_cpu
+    from mlxr.runner.weights import ON_KERNEL, float32_on_cpu
     from mlxr.shared.vision import vision_family
 
     if is_encoder_dir(config.model_dir):
@@ -116,9 +116,11 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     weights = float32_on_cpu(model, config.float32_weights,
                              int(config.kv_cache_bytes * kv_scale),
                              int(psutil.virtual_memory().available),
-                             agree=None if group is None else _all_ranks(group))
+                             agree=None if group is None else _all_ranks(group),
+                             host_kernel=config.host_attention and group is None
+                             and not vision_family(model_config))
     widened = weights.startswith("float32 from")
-    kv_scale = kv_scale if widened else 1.0
+    kv_scale = kv_scale if widened or weights.endswith(ON_KERNEL) else 1.0
     if vision_family(model_config):
         vision = load_vision(config.model_dir, model, config.host_attention)
         if widened:

@@ -298,9 +298,12 @@ class ModelStep:
 
     def _can_group(self, chunks: list) -> bool:
         """Several text chunks on the rows, outside a distributed group (whose followers
-        replay chunk by chunk), with the model split into body and head."""
+        replay chunk by chunk), with the model split into body and head. Not where the
+        weights are on the quantized kernel: one chunk after another through the numpy body
+        beats one pass through MLX's quantized CPU products."""
         return (len(chunks) > 1 and self.uses_rows and not self.lockstep
                 and self.split.body is not None
+                and not (self.host_body is not None and self.host_body.quantized)
                 and all(c.seq.vision is None for c in chunks))
 
     def _prefill_group(self, chunks: list, outputs: list, ends: list | None) -> None:

@@ -11,6 +11,11 @@ Invariants:
   as they are stored, whatever the setting.
 - "auto" widens only when the extra bytes, plus the KV budget the runner was given, fit in
   FREE_SHARE of the memory available now. Otherwise the model is served as stored.
+- Except: where the runner's numpy body may serve the model ("auto", one rank, a text model)
+  and the quantized kernel builds (runner/quant_kernel.py), the 4- and 8-bit layers stay as
+  stored, for the kernel, and only the rest is widened (`widen_around_kernel`): the decode
+  step then reads a quarter (8-bit) or an eighth (4-bit) of the float32 bytes. "on" still
+  widens everything.
 - Widening is exact for the stored values: a quantized layer becomes `mx.dequantize` of its
   arrays (mlx-lm's own `dequantize_model`), a 16-bit array its float32 image. Only the
   arithmetic after that is wider.
@@ -25,6 +30,7 @@ from typing import Callable
 log = logging.getLogger("mlxr.runner")
 
 MODES = ("auto", "on", "off")
+ON_KERNEL = " on the quantized kernel"  # the status's words for widen_around_kernel's models
 FREE_SHARE = 0.75  # of psutil's available memory, for the extra weight bytes plus the KV budget
 
 
@@ -106,16 +112,70 @@ def widen(model) -> None:
     mx.eval(model.parameters())
 
 
+def kernel_layers(model) -> list[str]:
+    """The names of `model`'s quantized layers whose layout the quantized kernel takes
+    (runner/quant_kernel.py)."""
+    from mlxr.runner.quant_kernel import takes
+
+    return [name for name, module in model.named_modules() if takes(module)]
+
+
+def widen_around_kernel(model) -> None:
+    """Make every weight of `model` float32 except the quantized layers the kernel takes,
+    which keep their packed values (their scales and biases become float32), and evaluate
+    it. Other quantized layers (3, 5 or 6 bits, other modes) are dequantized."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_unflatten
+
+    from mlxr.runner.quant_kernel import takes
+
+    plain = []
+    for name, module in model.named_modules():
+        if takes(module):
+            continue
+        if isinstance(module, nn.QuantizedLinear):
+            weight = mx.dequantize(module.weight, module.scales, module.biases,
+                                   module.group_size, module.bits, mode=module.mode)
+            linear = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in module)
+            linear.weight = weight
+            if "bias" in module:
+                linear.bias = module.bias
+            plain.append((name, linear))
+        elif isinstance(module, nn.QuantizedEmbedding):
+            weight = mx.dequantize(module.weight, module.scales, module.biases,
+                                   module.group_size, module.bits, mode=module.mode)
+            embedding = nn.Embedding(weight.shape[0], weight.shape[1])
+            embedding.weight = weight
+            plain.append((name, embedding))
+    if plain:
+        model.update_modules(tree_unflatten(plain))
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+
+
 def float32_on_cpu(model, mode: str, kv_budget: int, available: int,
-                   agree: Callable[[bool], bool] | None = None) -> str:
+                   agree: Callable[[bool], bool] | None = None,
+                   host_kernel: bool = False) -> str:
     """Apply the setting to a loaded model; returns what its weights are now, for the status
-    ("float32 from bfloat16", or what they were stored as). `agree`, for the ranks of a
-    distributed runner: this rank's decision in, the group's out (every rank must hold the
-    same dtype, and each one decided on its own host's free memory)."""
+    ("float32 from bfloat16", "8-bit on the quantized kernel", or what they were stored as).
+    `agree`, for the ranks of a distributed runner: this rank's decision in, the group's out
+    (every rank must hold the same dtype, and each one decided on its own host's free
+    memory). `host_kernel`: the runner's numpy body may serve this model (a text model on one
+    rank), so quantized layers may stay as stored for the quantized kernel."""
     import mlx.core as mx
 
     fp = footprint(model)
     on_cpu = mx.default_device().type == mx.DeviceType.cpu
+    if host_kernel and on_cpu and mode == "auto" and agree is None and kernel_layers(model) \
+            and kv_budget <= available * FREE_SHARE:
+        from mlxr.runner.quant_kernel import QuantKernel
+
+        if QuantKernel.load() is not None:
+            widen_around_kernel(model)
+            log.info("weights: %s as stored for the quantized kernel, float32 elsewhere",
+                     fp.stored_as)
+            return f"{fp.stored_as}{ON_KERNEL}"
     wide, why = decide(mode, on_cpu, fp, available, kv_budget)
     if agree is not None and agree(wide) != wide:
         wide, why = False, "another rank keeps the stored weights"

@@ -26,6 +26,7 @@ from pathlib import Path
 COMPILE_TIMEOUT_S = 120.0
 ROW_KERNEL_SOURCE = Path(__file__).resolve().parent / "assets" / "row_kernel.c"
 ROW_KERNEL_FLAGS = ["-O3"]
+QUANT_KERNEL_SOURCE = ROW_KERNEL_SOURCE.with_name("quant_kernel.c")
 
 
 def cpu_identity() -> list[str]:
@@ -93,3 +94,9 @@ def row_kernel_library(cache_dir: Path) -> tuple[Path | None, str]:
         path, why = cached_library(ROW_KERNEL_SOURCE, cache_dir,
                                    ROW_KERNEL_FLAGS + ["-DMLXR_NO_CLONES"])
     return path, why
+
+
+def quant_kernel_library(cache_dir: Path) -> tuple[Path | None, str]:
+    """The quantized kernel's library (runner/quant_kernel.py), built if need be: (path, "")
+    or (None, why not). It picks its vector width itself, at run time."""
+    return cached_library(QUANT_KERNEL_SOURCE, cache_dir, ROW_KERNEL_FLAGS)

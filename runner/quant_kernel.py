@@ -1,0 +1,196 @@
+"""A quantized model's products on a CPU with the weights as stored: a few rows times an MLX
+affine 4- or 8-bit weight through a small C kernel (shared/assets/quant_kernel.c) that reads
+the packed weight once for up to 16 rows.
+
+Why: a decode step on a CPU is a read of every weight, so its time is the weights' bytes. The
+runner used to widen a quantized model to float32 (runner/weights.py), 4x the bytes of an
+8-bit weight and 8x a 4-bit one, because MLX's own quantized CPU matmul is slower still. On
+the 2-core Zen 4 EPYC a 151,680 x 512 head takes 12.4 ms for one row in float32 (the row
+kernel), 3.7 ms 8-bit and 3.2 ms 4-bit here; at 16 rows all three take about 14 ms
+(docs/PERFORMANCE.md, "Quantized weights as stored").
+
+`QuantizedWeight.of` reads a QuantizedLinear or QuantizedEmbedding whose layout the kernel
+takes (affine, 4 or 8 bits, group 32, 64 or 128, float32 scales); the runner's host body,
+prefill and head (runner/host_body.py, host_prefill.py, host_head.py) call `QuantKernel.product`
+for it. Nothing else changes: MLX's forward pass still reads the same arrays.
+
+Invariants: `product` writes every element of its (rows, out) output; the rows go in passes of
+16, each one read of the weight; the calls into C let go of the interpreter lock (ctypes), so
+a large weight's ranges run at once on their threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mlxr.runner import host_parallel
+from mlxr.shared import native
+
+log = logging.getLogger("mlxr.runner")
+
+BITS = (4, 8)
+GROUPS = (32, 64, 128)
+MAX_LANES = 16  # rows one pass over the weight serves
+TILE = 8  # weight rows the kernel takes at a time: ranges start on a multiple
+SPLIT_ELEMENTS = 1 << 20  # smaller weights are one thread's work (a hand-off costs more)
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizedWeight:
+    """An MLX affine-quantized (out, in) weight as numpy views of its arrays."""
+
+    q: np.ndarray  # uint8 (out, in * bits // 8): the packed values, lowest bits first
+    scales: np.ndarray  # float32 (out, in // group)
+    biases: np.ndarray  # float32 (out, in // group)
+    bits: int
+    group: int
+    keep: tuple  # the MLX arrays the views point into
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q.shape[0], self.q.shape[1] * 8 // self.bits
+
+    @classmethod
+    def of(cls, module) -> "QuantizedWeight | None":
+        """The weight of an MLX QuantizedLinear or QuantizedEmbedding the kernel takes, else
+        None (another mode, bit count or group size, or scales not float32)."""
+        import mlx.core as mx
+
+        weight, scales = getattr(module, "weight", None), getattr(module, "scales", None)
+        biases = getattr(module, "biases", None)
+        if not all(isinstance(a, mx.array) for a in (weight, scales, biases)):
+            return None
+        bits, group = getattr(module, "bits", None), getattr(module, "group_size", None)
+        if getattr(module, "mode", "affine") != "affine" or bits not in BITS or \
+                group not in GROUPS or weight.ndim != 2 or weight.dtype != mx.uint32 or \
+                scales.dtype != mx.float32 or biases.dtype != mx.float32:
+            return None
+        mx.eval(weight, scales, biases)
+        q = np.asarray(weight).view(np.uint8)
+        s, b = np.asarray(scales), np.asarray(biases)
+        if q.shape[1] * 8 // bits != s.shape[1] * group or not all(
+                a.flags.c_contiguous for a in (q, s, b)):
+            return None
+        return cls(q, s, b, bits, group, (weight, scales, biases))
+
+    def __getitem__(self, ids) -> np.ndarray:
+        """Rows `ids` (an int or an integer array) dequantized to float32, as
+        `mx.dequantize` gives them: an embedding lookup."""
+        q, scales, biases = self.q[ids], self.scales[ids], self.biases[ids]
+        if self.bits == 4:
+            q = np.stack([q & 15, q >> 4], axis=-1).reshape(*q.shape[:-1], -1)
+        values = q.astype(np.float32).reshape(*scales.shape, self.group)
+        values *= scales[..., None]
+        values += biases[..., None]
+        return values.reshape(*q.shape[:-1], -1)
+
+
+def takes(module) -> bool:
+    """Is `module` a quantized layer whose layout the kernel takes (its scales' dtype aside)?"""
+    import mlx.nn as nn
+
+    if not isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        return False
+    return getattr(module, "mode", "affine") == "affine" and module.bits in BITS and \
+        module.group_size in GROUPS and module.weight.ndim == 2
+
+
+def kernel_layout(x: np.ndarray, bits: int, lanes: int) -> np.ndarray:
+    """Rows x (b, in), b <= lanes, as the kernel reads them: padded with zero rows to
+    `lanes`; for 4 bits each 32-position block reordered to its 16 even positions, then its 16
+    odd ones; (lanes, in) for 1 or 2 lanes, else transposed, (in, lanes)."""
+    b, depth = x.shape
+    if bits == 4:
+        x = x.reshape(b, depth // 32, 16, 2).transpose(0, 1, 3, 2).reshape(b, depth)
+    if lanes <= 2:
+        out = np.zeros((lanes, depth), dtype=np.float32)
+        out[:b] = x
+    else:
+        out = np.zeros((depth, lanes), dtype=np.float32)
+        out[:, :b] = x.T
+    return out
+
+
+def lanes_for(rows: int) -> int:
+    return 1 if rows == 1 else 2 if rows == 2 else 4 if rows <= 4 else 8 if rows <= 8 else 16
+
+
+class QuantKernel:
+    def __init__(self, fn, width: int, dequantize):
+        self._fn = fn
+        self._dequantize = dequantize
+        self.width = width  # floats a vector on this CPU: 16, 8 or 4
+
+    @classmethod
+    @functools.lru_cache(maxsize=1)
+    def load(cls, cache_dir: Path | None = None) -> "QuantKernel | None":
+        """The kernel, built into `cache_dir` (default: the settings' cache directory) if
+        need be; None where it cannot be built or loaded (logged)."""
+        if cache_dir is None:
+            from mlxr.shared.config import Settings
+
+            cache_dir = Settings.from_env().cache_dir
+        path, why = native.quant_kernel_library(cache_dir)
+        if path is None:
+            log.info("quantized kernel not built (%s)", why)
+            return None
+        try:
+            lib = ctypes.CDLL(str(path))
+            fn, width = lib.mlxr_quant_rows, lib.mlxr_quant_width
+            dequantize = lib.mlxr_quant_dequantize
+        except (OSError, AttributeError) as exc:
+            log.info("quantized kernel did not load (%s)", exc)
+            return None
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
+                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                       ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_long,
+                       ctypes.c_long]
+        width.restype = ctypes.c_int
+        dequantize.restype = ctypes.c_int
+        dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
+                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.c_long, ctypes.c_long]
+        return cls(fn, width(), dequantize)
+
+    def dequantize(self, weight: QuantizedWeight, out: np.ndarray) -> None:
+        """out (out, in), C-contiguous float32 = the weight's values, as `mx.dequantize`
+        gives them; split across the cores."""
+        (width, depth), fn = weight.shape, self._dequantize
+        q, s, z = weight.q.ctypes.data, weight.scales.ctypes.data, weight.biases.ctypes.data
+        o, bits, group = out.ctypes.data, weight.bits, weight.group
+
+        def part(a: int, e: int) -> None:
+            if fn(q, bits, depth, group, s, z, o, a, e) != 0:
+                raise ValueError("quantized kernel refused its arguments")
+
+        host_parallel.for_rows(width, width * depth, part)
+
+    def product(self, weight: QuantizedWeight, rows: np.ndarray, out: np.ndarray) -> None:
+        """out (B, out) = rows (B, in) @ dequantize(weight).T, for float32 rows; out
+        C-contiguous float32. One pass over the weight for every 16 rows."""
+        for start in range(0, rows.shape[0], MAX_LANES):
+            block = rows[start:start + MAX_LANES]
+            self._pass(weight, block, out[start:start + block.shape[0]])
+
+    def _pass(self, weight: QuantizedWeight, block: np.ndarray, out: np.ndarray) -> None:
+        (width, depth), b = weight.shape, block.shape[0]
+        lanes = lanes_for(b)
+        x = kernel_layout(block, weight.bits, lanes)
+        fn, bits, group = self._fn, weight.bits, weight.group
+        q, s, z = weight.q.ctypes.data, weight.scales.ctypes.data, weight.biases.ctypes.data
+        xp, o = x.ctypes.data, out.ctypes.data
+
+        def part(a: int, e: int) -> None:
+            if fn(q, bits, depth, group, s, z, xp, lanes, o, width, b, a * TILE,
+                  min(e * TILE, width)) != 0:
+                raise ValueError("quantized kernel refused its arguments")
+
+        host_parallel.for_rows(-(-width // TILE), width * depth, part,
+                               parts=None if width * depth >= SPLIT_ELEMENTS else 1)

@@ -1,0 +1,305 @@
+/* A few rows times an MLX affine-quantized weight (4 or 8 bits), read as stored, on a CPU:
+ * out (b, v) = x (b, h) @ dequantize(q, scales, biases) (v, h)^T, reading q once for up to 16
+ * rows. The decode steps' and short prefill chunks' products of a quantized model, which
+ * would otherwise be widened to float32 (4x the bytes of an 8-bit weight, 8x a 4-bit one)
+ * or go to MLX's quantized CPU matmul (no BLAS; 5x float32's time for one row, 44x for 16).
+ *
+ * MLX's layout (supervisor/store/gguf/quants.py pins it): each weight row is a little-endian
+ * stream of `bits`-bit unsigned values, element i in bits [i * bits, (i + 1) * bits); a group
+ * of `group` consecutive elements shares a scale and a bias, w = scale * q + bias.
+ *
+ * Each pass loads W weights as bytes, widens them to float, dequantizes them in registers
+ * (where the CPU has FMA, with one rounding where MLX's dequantize has two: a weight may
+ * differ from the widened model's in its last bit) and multiplies them into every row's
+ * accumulator. A 4-bit load gives
+ * the even elements (low nibbles) and the odd ones (high nibbles) of 2W weights, so the rows
+ * come in a layout where each 32-element block holds its 16 even elements, then its 16 odd
+ * ones (runner/quant_kernel.py makes it).
+ *
+ * Built on demand by runner/quant_kernel.py with the system C compiler. On x86-64 (GCC or
+ * clang) one copy is compiled for AVX-512 (16 floats a vector), one for AVX2 with FMA (8) and
+ * one for the baseline (4), and `mlxr_quant_rows` picks by what this CPU reports, so the same
+ * file is safe on every x86-64 CPU. Elsewhere it is the 4-float copy, which GCC's vector
+ * extensions make NEON on Arm. MLXR_QUANT_WIDTH (4, 8 or 16) forces a copy, for the tests. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LOAD(dst, src) memcpy(&(dst), (src), sizeof(dst))
+#define MAX_GROUP 128 /* the largest group size taken */
+#define AHEAD_ROWS 16 /* weight rows prefetched ahead */
+
+/* The 64-byte lines that start in bytes [from, from + n) of a row, AHEAD_ROWS rows on: without
+ * it one core read a weight at about half the speed (row_kernel.c found the same). */
+#define PREFETCH_GROUP(row, from, n, rowbytes)                                                \
+    for (long line = ((from) + 63) & ~63L; line < (from) + (n); line += 64)                   \
+        __builtin_prefetch((row) + AHEAD_ROWS * (rowbytes) + line)
+
+/* One (W, B, T) kernel: B input rows (padded with zero rows), T weight rows a step. */
+#define QKERNEL(NAME, ATTR, W, B, T, BITS, BYTES)                                                 \
+    static ATTR void NAME(const uint8_t *q, long h, int group, const float *sc,              \
+                          const float *bi, const float *x, float *out, long v, int b, long j,  \
+                          long groups, int ahead)                                             \
+    {                                                                                         \
+        typedef float vf __attribute__((vector_size(4 * W)));                                 \
+        typedef int32_t vi __attribute__((vector_size(4 * W)));                               \
+        const long rowbytes = h * BITS / 8;                                                   \
+        vf acc[T][B];                                                                         \
+        _Pragma("GCC unroll 16") for (int t = 0; t < T; t++)                                  \
+            _Pragma("GCC unroll 16") for (int c = 0; c < B; c++) acc[t][c] = (vf){0};         \
+        for (long g = 0; g < groups; g++) {                                                   \
+            vf s[T], z[T];                                                                    \
+            const long k0 = g * group, k1 = k0 + group;                                       \
+            _Pragma("GCC unroll 16") for (int t = 0; t < T; t++)                              \
+            {                                                                                 \
+                s[t] = (vf){0} + sc[(j + t) * groups + g];                                    \
+                z[t] = (vf){0} + bi[(j + t) * groups + g];                                    \
+                if (ahead)                                                                    \
+                    PREFETCH_GROUP(q + (j + t) * rowbytes, k0 * BITS / 8, group * BITS / 8,   \
+                                   rowbytes);                                                 \
+            }                                                                                 \
+            if (BITS == 8) {                                                                  \
+                for (long k = k0; k < k1; k += W) {                                           \
+                    _Pragma("GCC unroll 16") for (int t = 0; t < T; t++)                      \
+                    {                                                                         \
+                        vi u = (vi)BYTES(q + (j + t) * rowbytes + k);                         \
+                        vf w = __builtin_convertvector(u, vf) * s[t] + z[t];                  \
+                        _Pragma("GCC unroll 16") for (int c = 0; c < B; c++)                  \
+                        {                                                                     \
+                            vf xv;                                                            \
+                            LOAD(xv, x + c * h + k);                                          \
+                            acc[t][c] += w * xv;                                              \
+                        }                                                                     \
+                    }                                                                         \
+                }                                                                             \
+            } else {                                                                          \
+                for (long k = k0; k < k1; k += 32) {                                          \
+                    _Pragma("GCC unroll 4") for (int part = 0; part < 16 / W; part++)         \
+                    {                                                                         \
+                        _Pragma("GCC unroll 16") for (int t = 0; t < T; t++)                  \
+                        {                                                                     \
+                            vi u = (vi)BYTES(q + (j + t) * rowbytes + k / 2 + part * W);      \
+                            vf lo = __builtin_convertvector(u & 15, vf) * s[t] + z[t];        \
+                            vf hi = __builtin_convertvector(u >> 4, vf) * s[t] + z[t];        \
+                            _Pragma("GCC unroll 16") for (int c = 0; c < B; c++)              \
+                            {                                                                 \
+                                vf xe, xo;                                                    \
+                                LOAD(xe, x + c * h + k + part * W);                           \
+                                LOAD(xo, x + c * h + k + 16 + part * W);                      \
+                                acc[t][c] += lo * xe;                                         \
+                                acc[t][c] += hi * xo;                                         \
+                            }                                                                 \
+                        }                                                                     \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+        /* constant indices only: a variable one would keep the accumulators in memory */     \
+        _Pragma("GCC unroll 16") for (int t = 0; t < T; t++)                                  \
+            _Pragma("GCC unroll 16") for (int c = 0; c < B; c++) if (c < b)                   \
+            {                                                                                 \
+                float sum = 0;                                                                \
+                _Pragma("GCC unroll 16") for (int i = 0; i < W; i++) sum += acc[t][c][i];     \
+                out[(long)c * v + j + t] = sum;                                               \
+            }                                                                                 \
+    }
+
+/* A tile of T weight rows for L (4, 8 or 16) input rows, the shape of row_kernel.c: each
+ * group of the tile is dequantized into a buffer on the stack (in L1), then each of its
+ * weights is broadcast against a vector of the rows' values at that position, so nothing is
+ * summed across a vector. x here is transposed, (h, L), in the 4-bit block order. */
+#define QTILE(NAME, ATTR, W, L, T, BITS, BYTES)                                               \
+    static ATTR void NAME(const uint8_t *q, long h, int group, const float *sc,              \
+                          const float *bi, const float *xt, float *out, long v, int b, long j, \
+                          long groups, int ahead)                                             \
+    {                                                                                         \
+        typedef float vf __attribute__((vector_size(4 * W)));                                 \
+        typedef int32_t vi __attribute__((vector_size(4 * W)));                               \
+        typedef float vl __attribute__((vector_size(4 * L)));                                 \
+        const long rowbytes = h * BITS / 8;                                                   \
+        float buf[T][MAX_GROUP] __attribute__((aligned(64)));                                 \
+        vl acc[T];                                                                            \
+        _Pragma("GCC unroll 16") for (int t = 0; t < T; t++) acc[t] = (vl){0};                \
+        for (long g = 0; g < groups; g++) {                                                   \
+            const long k0 = g * group;                                                        \
+            _Pragma("GCC unroll 16") for (int t = 0; t < T; t++)                              \
+            {                                                                                 \
+                const uint8_t *row = q + (j + t) * rowbytes + k0 * BITS / 8;                  \
+                if (ahead)                                                                    \
+                    PREFETCH_GROUP(row, 0, group * BITS / 8, rowbytes);                       \
+                vf s = (vf){0} + sc[(j + t) * groups + g];                                    \
+                vf z = (vf){0} + bi[(j + t) * groups + g];                                    \
+                if (BITS == 8) {                                                              \
+                    for (int k = 0; k < group; k += W) {                                      \
+                        vf w = __builtin_convertvector((vi)BYTES(row + k), vf) * s + z;       \
+                        memcpy(&buf[t][k], &w, sizeof w);                                     \
+                    }                                                                         \
+                } else {                                                                      \
+                    for (int k = 0; k < group / 2; k += W) { /* W bytes: 2W weights */        \
+                        vi u = (vi)BYTES(row + k);                                            \
+                        vf lo = __builtin_convertvector(u & 15, vf) * s + z;                  \
+                        vf hi = __builtin_convertvector(u >> 4, vf) * s + z;                  \
+                        int at = k / 16 * 32 + k % 16;                                        \
+                        memcpy(&buf[t][at], &lo, sizeof lo);                                  \
+                        memcpy(&buf[t][at + 16], &hi, sizeof hi);                             \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+            for (int k = 0; k < group; k++) {                                                 \
+                vl xv;                                                                        \
+                LOAD(xv, xt + (k0 + k) * L);                                                  \
+                _Pragma("GCC unroll 16") for (int t = 0; t < T; t++) acc[t] += buf[t][k] * xv; \
+            }                                                                                 \
+        }                                                                                     \
+        _Pragma("GCC unroll 16") for (int t = 0; t < T; t++)                                  \
+            for (int c = 0; c < b; c++)                                                       \
+                out[(long)c * v + j + t] = acc[t][c];                                         \
+    }
+
+/* Every kernel of one width and bit count, and the range's driver: the dot-product shape for
+ * one or two rows (with T weight rows a step, for independent accumulators), tiles beyond. */
+#define WIDTH(SUFFIX, ATTR, W, BITS, BYTES)                                                   \
+    QKERNEL(k1x4_##SUFFIX, ATTR, W, 1, 4, BITS, BYTES)                                        \
+    QKERNEL(k1x1_##SUFFIX, ATTR, W, 1, 1, BITS, BYTES)                                        \
+    QKERNEL(k2x2_##SUFFIX, ATTR, W, 2, 2, BITS, BYTES)                                        \
+    QKERNEL(k2x1_##SUFFIX, ATTR, W, 2, 1, BITS, BYTES)                                        \
+    QTILE(t4x8_##SUFFIX, ATTR, W, 4, 8, BITS, BYTES)                                          \
+    QTILE(t4x1_##SUFFIX, ATTR, W, 4, 1, BITS, BYTES)                                          \
+    QTILE(t8x8_##SUFFIX, ATTR, W, 8, 8, BITS, BYTES)                                          \
+    QTILE(t8x1_##SUFFIX, ATTR, W, 8, 1, BITS, BYTES)                                          \
+    QTILE(t16x8_##SUFFIX, ATTR, W, 16, 8, BITS, BYTES)                                        \
+    QTILE(t16x1_##SUFFIX, ATTR, W, 16, 1, BITS, BYTES)                                        \
+    static ATTR void range_##SUFFIX(const uint8_t *q, long h, int group, const float *sc,    \
+                                    const float *bi, const float *x, int lanes, float *out,   \
+                                    long v, int b, long j0, long j1)                          \
+    {                                                                                         \
+        long groups = h / group, j = j0;                                                      \
+        switch (lanes) {                                                                      \
+        case 1:                                                                               \
+            for (; j + 4 <= j1; j += 4)                                                       \
+                k1x4_##SUFFIX(q, h, group, sc, bi, x, out, v, b, j, groups,                   \
+                              j + 4 + AHEAD_ROWS <= j1);                                      \
+            for (; j < j1; j++)                                                               \
+                k1x1_##SUFFIX(q, h, group, sc, bi, x, out, v, b, j, groups, 0);               \
+            break;                                                                            \
+        case 2:                                                                               \
+            for (; j + 2 <= j1; j += 2)                                                       \
+                k2x2_##SUFFIX(q, h, group, sc, bi, x, out, v, b, j, groups,                   \
+                              j + 2 + AHEAD_ROWS <= j1);                                      \
+            for (; j < j1; j++)                                                               \
+                k2x1_##SUFFIX(q, h, group, sc, bi, x, out, v, b, j, groups, 0);               \
+            break;                                                                            \
+        TILES(4, SUFFIX)                                                                      \
+        TILES(8, SUFFIX)                                                                      \
+        TILES(16, SUFFIX)                                                                     \
+        }                                                                                     \
+    }
+#define TILES(L, SUFFIX)                                                                      \
+    case L:                                                                                   \
+        for (; j + 8 <= j1; j += 8)                                                           \
+            t##L##x8_##SUFFIX(q, h, group, sc, bi, x, out, v, b, j, groups,                   \
+                              j + 8 + AHEAD_ROWS <= j1);                                      \
+        for (; j < j1; j++)                                                                   \
+            t##L##x1_##SUFFIX(q, h, group, sc, bi, x, out, v, b, j, groups, 0);               \
+        break;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define X86 1
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#define AVX2 __attribute__((target("avx2,fma")))
+#include <immintrin.h>
+#define BYTES16(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define BYTES8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+WIDTH(w16b8, AVX512, 16, 8, BYTES16)
+WIDTH(w16b4, AVX512, 16, 4, BYTES16)
+WIDTH(w8b8, AVX2, 8, 8, BYTES8)
+WIDTH(w8b4, AVX2, 8, 4, BYTES8)
+#else
+#define X86 0
+#endif
+/* Four bytes as four int32 lanes (GCC's own conversion from a byte vector was one lane at a
+ * time, even for AVX-512). */
+#define BYTES4(p) ((vi){(p)[0], (p)[1], (p)[2], (p)[3]})
+WIDTH(w4b8, , 4, 8, BYTES4)
+WIDTH(w4b4, , 4, 4, BYTES4)
+
+/* The vector width this library uses on this CPU: 16, 8 or 4 floats. */
+int mlxr_quant_width(void)
+{
+    static int width;
+    if (width)
+        return width;
+    const char *forced = getenv("MLXR_QUANT_WIDTH");
+    int want = forced ? atoi(forced) : 16;
+    width = 4;
+#if X86
+    __builtin_cpu_init();
+    if (want >= 16 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        width = 16;
+    else if (want >= 8 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        width = 8;
+#endif
+    return width;
+}
+
+/* out[c * v + j] for rows c < b and weight rows j0 <= j < j1. q: (v, h * bits / 8) bytes;
+ * scales, biases: (v, h / group) float32, group 32, 64 or 128. x: float32, for lanes 1 or 2
+ * (lanes, h), else (h, lanes) with lanes 4, 8 or 16; rows past b zero; for 4 bits the
+ * positions in the even/odd block order above. Returns 0, or -1 for arguments it does not
+ * take. */
+int mlxr_quant_rows(const uint8_t *q, int bits, long h, int group, const float *scales,
+                    const float *biases, const float *x, int lanes, float *out, long v, int b,
+                    long j0, long j1)
+{
+    if ((bits != 4 && bits != 8) || group < 32 || group > MAX_GROUP || group % 32 || h % group || b < 1 ||
+        b > lanes || (lanes & (lanes - 1)) || lanes > 16 || j0 < 0 || j1 > v || j0 > j1)
+        return -1;
+    int width = mlxr_quant_width();
+#if X86
+    if (width == 16) {
+        (bits == 8 ? range_w16b8 : range_w16b4)(q, h, group, scales, biases, x, lanes, out, v,
+                                                b, j0, j1);
+        return 0;
+    }
+    if (width == 8) {
+        (bits == 8 ? range_w8b8 : range_w8b4)(q, h, group, scales, biases, x, lanes, out, v, b,
+                                              j0, j1);
+        return 0;
+    }
+#endif
+    (bits == 8 ? range_w4b8 : range_w4b4)(q, h, group, scales, biases, x, lanes, out, v, b, j0,
+                                          j1);
+    return 0;
+}
+
+/* Rows j0 <= j < j1 of the weight dequantized into out, (v, h) float32, in MLX's order and
+ * with MLX's arithmetic (scale * q, then + bias): for a prefill chunk's many rows, whose
+ * products go to BLAS. Returns 0, or -1 for arguments it does not take. */
+int mlxr_quant_dequantize(const uint8_t *q, int bits, long h, int group, const float *scales,
+                          const float *biases, float *out, long j0, long j1)
+{
+    if ((bits != 4 && bits != 8) || group < 2 || group % 2 || h % group || j0 < 0 || j0 > j1)
+        return -1;
+    const long rowbytes = h * bits / 8, groups = h / group;
+    for (long j = j0; j < j1; j++) {
+        const uint8_t *row = q + j * rowbytes;
+        float *o = out + j * h;
+        for (long g = 0; g < groups; g++) {
+            const float s = scales[j * groups + g], z = biases[j * groups + g];
+            if (bits == 8) {
+                for (long k = g * group; k < (g + 1) * group; k++) {
+                    float w = row[k] * s;
+                    o[k] = w + z;
+                }
+            } else {
+                for (long k = g * group / 2; k < (g + 1) * group / 2; k++) {
+                    float lo = (row[k] & 15) * s, hi = (row[k] >> 4) * s;
+                    o[2 * k] = lo + z;
+                    o[2 * k + 1] = hi + z;
+                }
+            }
+        }
+    }
+    return 0;
+}
