@@ -122,10 +122,17 @@ def lanes_for(rows: int) -> int:
 
 
 class QuantKernel:
-    def __init__(self, fn, width: int, dequantize):
+    def __init__(self, fn, width: int, dequantize, use_width):
         self._fn = fn
         self._dequantize = dequantize
+        self._use_width = use_width
         self.width = width  # floats a vector on this CPU: 16, 8 or 4
+
+    def use_width(self, want: int) -> int:
+        """Use the widest copy of the kernel of at most `want` floats a vector that this CPU
+        runs (16: AVX-512, 8: AVX2, 4: any); returns the width now in use. For the tests."""
+        self.width = self._use_width(want)
+        return self.width
 
     @classmethod
     @functools.lru_cache(maxsize=1)
@@ -140,9 +147,15 @@ class QuantKernel:
         if path is None:
             log.info("quantized kernel not built (%s)", why)
             return None
+        return cls.from_library(path)
+
+    @classmethod
+    def from_library(cls, path: Path) -> "QuantKernel | None":
+        """The kernel in the built library `path`; None where it does not load (logged)."""
         try:
             lib = ctypes.CDLL(str(path))
-            fn, width = lib.mlxr_quant_rows, lib.mlxr_quant_width
+            fn, width, use_width = lib.mlxr_quant_rows, lib.mlxr_quant_width, \
+                lib.mlxr_quant_use_width
             dequantize = lib.mlxr_quant_dequantize
         except (OSError, AttributeError) as exc:
             log.info("quantized kernel did not load (%s)", exc)
@@ -152,12 +165,13 @@ class QuantKernel:
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                        ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_long,
                        ctypes.c_long]
-        width.restype = ctypes.c_int
+        width.restype = use_width.restype = ctypes.c_int
+        use_width.argtypes = [ctypes.c_int]
         dequantize.restype = ctypes.c_int
         dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.c_long, ctypes.c_long]
-        return cls(fn, width(), dequantize)
+        return cls(fn, width(), dequantize, use_width)
 
     def dequantize(self, weight: QuantizedWeight, out: np.ndarray) -> None:
         """out (out, in), C-contiguous float32 = the weight's values, as `mx.dequantize`

@@ -98,5 +98,10 @@ def row_kernel_library(cache_dir: Path) -> tuple[Path | None, str]:
 
 def quant_kernel_library(cache_dir: Path) -> tuple[Path | None, str]:
     """The quantized kernel's library (runner/quant_kernel.py), built if need be: (path, "")
-    or (None, why not). It picks its vector width itself, at run time."""
-    return cached_library(QUANT_KERNEL_SOURCE, cache_dir, ROW_KERNEL_FLAGS)
+    or (None, why not). It picks its vector width itself, at run time; where the build with
+    the x86 copies fails, the plain C one (MLXR_QUANT_GENERIC)."""
+    path, why = cached_library(QUANT_KERNEL_SOURCE, cache_dir, ROW_KERNEL_FLAGS)
+    if path is None and why != "no C compiler":  # a compiler without the x86 copies' targets
+        path, why = cached_library(QUANT_KERNEL_SOURCE, cache_dir,
+                                   ROW_KERNEL_FLAGS + ["-DMLXR_QUANT_GENERIC"])
+    return path, why

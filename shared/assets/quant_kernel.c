@@ -20,9 +20,9 @@
  * clang) one copy is compiled for AVX-512 (16 floats a vector), one for AVX2 with FMA (8) and
  * one for the baseline (4), and `mlxr_quant_rows` picks by what this CPU reports, so the same
  * file is safe on every x86-64 CPU. Elsewhere it is the 4-float copy, which GCC's vector
- * extensions make NEON on Arm. MLXR_QUANT_WIDTH (4, 8 or 16) forces a copy, for the tests. */
+ * extensions make NEON on Arm (and MLXR_QUANT_GENERIC makes anywhere). `mlxr_quant_use_width`
+ * picks a narrower copy, for the tests. */
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define LOAD(dst, src) memcpy(&(dst), (src), sizeof(dst))
@@ -203,7 +203,7 @@
             t##L##x1_##SUFFIX(q, h, group, sc, bi, x, out, v, b, j, groups, 0);               \
         break;
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(MLXR_QUANT_GENERIC)
 #define X86 1
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
 #define AVX2 __attribute__((target("avx2,fma")))
@@ -223,14 +223,13 @@ WIDTH(w8b4, AVX2, 8, 4, BYTES8)
 WIDTH(w4b8, , 4, 8, BYTES4)
 WIDTH(w4b4, , 4, 4, BYTES4)
 
-/* The vector width this library uses on this CPU: 16, 8 or 4 floats. */
-int mlxr_quant_width(void)
+static int width; /* the copy in use: 16, 8 or 4 floats a vector; 0 until chosen */
+
+/* Use the widest copy of at most `want` floats a vector this CPU runs (the tests take each
+ * in turn); returns the width now in use. */
+int mlxr_quant_use_width(int want)
 {
-    static int width;
-    if (width)
-        return width;
-    const char *forced = getenv("MLXR_QUANT_WIDTH");
-    int want = forced ? atoi(forced) : 16;
+    (void)want;
     width = 4;
 #if X86
     __builtin_cpu_init();
@@ -241,6 +240,12 @@ int mlxr_quant_width(void)
         width = 8;
 #endif
     return width;
+}
+
+/* The vector width in use, the widest this CPU runs unless a test chose another. */
+int mlxr_quant_width(void)
+{
+    return width ? width : mlxr_quant_use_width(16);
 }
 
 /* out[c * v + j] for rows c < b and weight rows j0 <= j < j1. q: (v, h * bits / 8) bytes;
@@ -255,14 +260,14 @@ int mlxr_quant_rows(const uint8_t *q, int bits, long h, int group, const float *
     if ((bits != 4 && bits != 8) || group < 32 || group > MAX_GROUP || group % 32 || h % group || b < 1 ||
         b > lanes || (lanes & (lanes - 1)) || lanes > 16 || j0 < 0 || j1 > v || j0 > j1)
         return -1;
-    int width = mlxr_quant_width();
 #if X86
-    if (width == 16) {
+    int copy = mlxr_quant_width();
+    if (copy == 16) {
         (bits == 8 ? range_w16b8 : range_w16b4)(q, h, group, scales, biases, x, lanes, out, v,
                                                 b, j0, j1);
         return 0;
     }
-    if (width == 8) {
+    if (copy == 8) {
         (bits == 8 ? range_w8b8 : range_w8b4)(q, h, group, scales, biases, x, lanes, out, v, b,
                                               j0, j1);
         return 0;
@@ -276,9 +281,15 @@ int mlxr_quant_rows(const uint8_t *q, int bits, long h, int group, const float *
 /* Rows j0 <= j < j1 of the weight dequantized into out, (v, h) float32, in MLX's order and
  * with MLX's arithmetic (scale * q, then + bias): for a prefill chunk's many rows, whose
  * products go to BLAS. Returns 0, or -1 for arguments it does not take. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off"))) /* two roundings, as MLX's: never fused */
+#endif
 int mlxr_quant_dequantize(const uint8_t *q, int bits, long h, int group, const float *scales,
                           const float *biases, float *out, long j0, long j1)
 {
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
     if ((bits != 4 && bits != 8) || group < 2 || group % 2 || h % group || j0 < 0 || j0 > j1)
         return -1;
     const long rowbytes = h * bits / 8, groups = h / group;

@@ -2,7 +2,8 @@
 float32 (runner/weights.py) and says so in /v1/status, and its greedy tokens are mlx-lm's for
 the widened model, and its KV pool holds as many tokens as the bfloat16 budget it was given
 (so twice the bytes: its keys and values are float32 too); with `float32_weights` off it
-serves the bfloat16 weights as stored.
+serves the bfloat16 weights as stored. An 8-bit model keeps its packed layers for the
+quantized kernel (runner/quant_kernel.py).
 (bfloat16 arithmetic rounds differently over different shapes, so the stored model's tokens
 are not compared with mlx-lm's: the runner's last-position head and mlx-lm's whole-prompt
 logits already part at the first token on this random model.)"""
@@ -10,6 +11,7 @@ logits already part at the first token on this random model.)"""
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 import httpx
 import mlx.core as mx
@@ -18,7 +20,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load
 
-from mlxr.runner.weights import widen
+from mlxr.runner.weights import widen, widen_around_kernel
+from mlxr.supervisor.store.quantize import quantize_dir
 from mlxr.supervisor.store.random_model import write_random_model
 from tests.harness.runner_process import running
 from tests.integration.test_runner import complete, greedy
@@ -75,3 +78,32 @@ def test_with_the_setting_off_the_stored_bfloat16_weights_are_served(bf16_model,
         served = served_tokens(url)
         assert [len(t) for t in served] == [N] * len(PROMPTS)
         assert served != mlx_lm_tokens(bf16_model, widened=True)
+
+
+@pytest.fixture(scope="module")
+def q8_model(bf16_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("q8") / "m"
+    quantize_dir(bf16_model, out, 8)
+    for extra in bf16_model.iterdir():
+        if not (out / extra.name).exists():
+            shutil.copy(extra, out / extra.name)
+    return out
+
+
+def test_an_8_bit_model_is_served_as_stored_on_the_quantized_kernel(q8_model, subprocess_env):
+    # its packed layers stay as they are (a quarter of float32's bytes), its scales and the
+    # rest become float32, and so do its keys and values; the tokens are mlx-lm's for that
+    # model (MLX's own quantized products, over the same values)
+    def reference() -> list[list[int]]:
+        model, _ = load(str(q8_model))
+        widen_around_kernel(model)
+        return [[int(t) for t, _ in generate_step(mx.array(p), model, max_tokens=N,
+                                                   sampler=make_sampler(0.0))]
+                for p in PROMPTS]
+
+    with running(q8_model, subprocess_env, num_parallel=4, kv_cache_bytes=BUDGET) as url:
+        status = httpx.get(url + "/v1/status").json()
+        assert status["weights"] == "8-bit+bfloat16 on the quantized kernel"  # its norms
+        pool = status["kv_blocks_total"] * status["kv_block_bytes"]
+        assert 2 * BUDGET - status["kv_block_bytes"] < pool <= 2 * BUDGET
+        assert served_tokens(url) == reference()

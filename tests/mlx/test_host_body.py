@@ -128,12 +128,15 @@ def test_it_writes_the_keys_and_values_mlx_writes(arch_models):
         assert np.allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
-def test_no_host_body_for_16_bit_or_quantized_weights(tmp_path):
+def test_no_host_body_for_16_bit_weights_or_quantized_ones_the_kernel_does_not_take(tmp_path):
+    # (4- and 8-bit layers with float32 scales it takes: tests/mlx/test_quant_kernel.py)
     path = write_random_model(tmp_path / "bf", preset="tiny", dtype="bfloat16")
     model, _ = load(str(path))
     assert HostBody.find(model) is None
+    nn.quantize(model, group_size=32, bits=8)  # bfloat16 scales
+    assert HostBody.find(model) is None
     model, _ = load(str(write_random_model(tmp_path / "q", preset="tiny")))
-    nn.quantize(model, group_size=32, bits=8)
+    nn.quantize(model, group_size=32, bits=6)
     assert HostBody.find(model) is None
 
 

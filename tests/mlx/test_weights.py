@@ -15,7 +15,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load
 
-from mlxr.runner.weights import float32_on_cpu, footprint, widen
+from mlxr.runner.weights import (ON_KERNEL, float32_on_cpu, footprint, kernel_layers, widen,
+                                 widen_around_kernel)
 from mlxr.supervisor.store.quantize import quantize_dir
 from mlxr.supervisor.store.random_model import write_random_model
 
@@ -103,3 +104,37 @@ def test_ranks_that_do_not_all_agree_keep_the_stored_weights(models):
     assert asked == [True] and dtypes(model) == {mx.bfloat16}
     assert float32_on_cpu(model, "auto", 0, 1 << 40, agree=lambda ok: ok) == \
         "float32 from bfloat16"
+
+
+def test_around_the_kernel_4_and_8_bit_layers_stay_packed_and_the_rest_is_float32(models):
+    # a GGUF import's mix: most layers 4-bit, some (its Q6_K ones) 6-bit, in bfloat16
+    model, _ = load(str(models["bf16"]))
+    nn.quantize(model, group_size=32, bits=4, class_predicate=lambda path, m: (
+        {"group_size": 32, "bits": 6} if "down_proj" in path else hasattr(m, "to_quantized")))
+    stored = model(PROMPT).astype(mx.float32)
+    assert kernel_layers(model) and all("down_proj" not in n for n in kernel_layers(model))
+    widen_around_kernel(model)
+    for name, module in model.named_modules():
+        if name.endswith("down_proj"):
+            assert type(module) is nn.Linear and module.weight.dtype == mx.float32
+        elif isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            assert module.bits == 4 and module.weight.dtype == mx.uint32
+            assert module.scales.dtype == module.biases.dtype == mx.float32
+    assert dtypes(model) == {mx.float32, mx.uint32}
+    assert {n for n, m in model.named_modules() if isinstance(m, nn.QuantizedLinear)}
+    assert mx.allclose(model(PROMPT), stored, atol=0.1).item()  # bfloat16 against float32
+
+
+def test_a_quantized_model_for_the_numpy_body_keeps_its_layers_for_the_kernel(models):
+    model, _ = load(str(models["q4"]))
+    stored = model(PROMPT)
+    assert float32_on_cpu(model, "auto", 0, 1 << 40, host_kernel=True) == \
+        "4-bit" + ON_KERNEL
+    assert dtypes(model) == {mx.float32, mx.uint32}
+    assert mx.allclose(model(PROMPT), stored, atol=1e-5).item()  # the same float32 values
+    model, _ = load(str(models["q4"]))  # "on" still widens everything
+    assert float32_on_cpu(model, "on", 0, 1 << 40, host_kernel=True) == "float32 from 4-bit"
+    model, _ = load(str(models["q4"]))  # a model the numpy body cannot serve is widened
+    assert float32_on_cpu(model, "auto", 0, 1 << 40) == "float32 from 4-bit"
+    model, _ = load(str(models["q4"]))  # its KV budget does not fit: as stored
+    assert float32_on_cpu(model, "auto", 1 << 30, 1 << 20, host_kernel=True) == "4-bit"

@@ -1,0 +1,177 @@
+"""The quantized kernel (runner/quant_kernel.py, shared/assets/quant_kernel.c): its products
+against the dequantized weight's for every bit count, group size, row count and vector width
+this CPU runs, and for the plain C build; its dequantization and embedding rows equal to
+MLX's; which layers it takes; and decoding a quantized model through it (body, head, prefill)
+giving mlx-lm's greedy tokens for that model."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx_lm.utils import load
+
+from mlxr.runner import quant_kernel
+from mlxr.runner.host_head import openblas_sgemm
+from mlxr.runner.host_ops import QUANT_ROWS, Gemm
+from mlxr.runner.model_step import ModelStep
+from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel, takes
+from mlxr.runner.request import Sequence
+from mlxr.runner.sampling import Sampler
+from mlxr.runner.scheduler import Scheduler, SchedulerConfig
+from mlxr.shared import native
+from mlxr.shared.protocol import Options
+from tests.mlx.test_heads import probed_blas
+from tests.mlx.test_host_attention import mlx_lm_greedy
+
+ROWS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 40)  # every lane count; several passes
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory) -> QuantKernel:
+    built = QuantKernel.load.__wrapped__(QuantKernel, tmp_path_factory.mktemp("native"))
+    assert built is not None  # `make test` machines have a C compiler (the BLAS shim needs one)
+    yield built
+    built.use_width(16)
+
+
+def quantized(width: int, depth: int, bits: int, group: int, seed: int = 0,
+              scales=mx.float32) -> tuple[nn.QuantizedLinear, np.ndarray]:
+    """A random quantized layer (out `width`, in `depth`) and its dequantized weight."""
+    linear = nn.Linear(depth, width, bias=False)
+    linear.weight = mx.random.normal((width, depth), key=mx.random.key(seed))
+    layer = nn.QuantizedLinear.from_linear(linear, group, bits)
+    layer.scales, layer.biases = layer.scales.astype(scales), layer.biases.astype(scales)
+    dense = mx.dequantize(layer.weight, layer.scales, layer.biases, group, bits)
+    return layer, np.array(dense.astype(mx.float32))
+
+
+def products_match(kernel: QuantKernel, layer, dense: np.ndarray, rows=ROWS) -> None:
+    weight = QuantizedWeight.of(layer)
+    rng = np.random.default_rng(dense.shape[0])
+    for n in rows:
+        x = rng.standard_normal((n, dense.shape[1]), dtype=np.float32)
+        out = np.full((n, dense.shape[0]), np.nan, dtype=np.float32)
+        kernel.product(weight, x, out)
+        want = x @ dense.T
+        assert np.abs(out - want).max() <= 1e-5 * np.abs(want).max(), (n, dense.shape)
+
+
+@pytest.mark.parametrize("want", [16, 8, 4], ids=["avx512-or-less", "avx2-or-less", "plain"])
+@pytest.mark.parametrize("bits,group", [(8, 64), (4, 32), (8, 32), (4, 64), (8, 128), (4, 128)])
+def test_the_kernel_gives_the_dequantized_weights_product(kernel, want, bits, group):
+    width = kernel.use_width(want)
+    assert width in (4, 8, 16) and width <= want
+    for shape in ((300, 256), (13, 128), (5, 384)):  # tails of 4 and 8 rows; under a tile
+        products_match(kernel, *quantized(*shape, bits, group))
+
+
+def test_a_large_weight_is_split_across_threads_and_still_exact(kernel):
+    layer, dense = quantized(4100, 256, 8, 64)
+    assert 4100 * 256 >= quant_kernel.SPLIT_ELEMENTS
+    products_match(kernel, layer, dense, rows=(1, 2, 7, 16))
+
+
+def test_the_plain_c_build_gives_the_same_products(tmp_path):
+    # what a compiler without the x86 copies' targets, or an Arm machine, runs
+    path, why = native.cached_library(native.QUANT_KERNEL_SOURCE, tmp_path,
+                                      native.ROW_KERNEL_FLAGS + ["-DMLXR_QUANT_GENERIC"])
+    assert path is not None, why
+    plain = QuantKernel.from_library(path)
+    assert plain.width == 4 and plain.use_width(16) == 4
+    for bits, group in ((8, 64), (4, 32)):
+        products_match(plain, *quantized(300, 256, bits, group))
+
+
+def test_dequantized_weights_and_embedding_rows_equal_mlxs(kernel):
+    for bits, group in ((8, 64), (4, 32), (4, 128)):
+        layer, dense = quantized(301, 256, bits, group, seed=bits)
+        weight = QuantizedWeight.of(layer)
+        out = np.empty(weight.shape, dtype=np.float32)
+        kernel.dequantize(weight, out)
+        assert np.array_equal(out, dense)
+        assert np.array_equal(weight[7], dense[7])
+        ids = np.array([[3, 300], [0, 3]])
+        assert np.array_equal(weight[ids], dense[ids])
+
+
+def test_which_layers_it_takes():
+    assert QuantizedWeight.of(quantized(64, 128, 8, 64)[0]) is not None
+    half = quantized(64, 128, 8, 64, scales=mx.bfloat16)[0]
+    assert takes(half) and QuantizedWeight.of(half) is None  # its scales are widened first
+    for bits, group in ((3, 64), (6, 64), (5, 32)):
+        layer = quantized(64, 128, bits, group)[0]
+        assert not takes(layer) and QuantizedWeight.of(layer) is None, (bits, group)
+    fp4 = nn.QuantizedLinear.from_linear(nn.Linear(128, 64), 32, 4, mode="mxfp4")
+    assert not takes(fp4) and QuantizedWeight.of(fp4) is None  # not affine
+    assert not takes(nn.Linear(128, 64))
+    embedding = nn.QuantizedEmbedding.from_embedding(nn.Embedding(50, 64), 32, 4)
+    assert takes(embedding) and QuantizedWeight.of(embedding).shape == (50, 64)
+
+
+def test_it_refuses_what_it_does_not_take(kernel):
+    weight = QuantizedWeight.of(quantized(16, 128, 8, 64)[0])
+    x = np.zeros((4, 128), dtype=np.float32)
+    out = np.zeros((4, 16), dtype=np.float32)
+    fn = kernel._fn
+    args = (weight.q.ctypes.data, 8, 128, 64, weight.scales.ctypes.data,
+            weight.biases.ctypes.data, x.ctypes.data)
+    assert fn(*args, 4, out.ctypes.data, 16, 4, 0, 16) == 0
+    assert fn(*args, 3, out.ctypes.data, 16, 3, 0, 16) == -1  # lanes not a power of two
+    assert fn(*args, 4, out.ctypes.data, 16, 5, 0, 16) == -1  # more rows than lanes
+    assert fn(*args, 4, out.ctypes.data, 16, 4, 0, 17) == -1  # past the weight's rows
+    bad_group = (*args[:3], 48, *args[4:])
+    assert fn(*bad_group, 4, out.ctypes.data, 16, 4, 0, 16) == -1
+
+
+def test_products_of_many_rows_are_dequantized_once_and_go_to_blas(kernel):
+    layer, dense = quantized(96, 128, 4, 32)
+    bias = np.arange(96, dtype=np.float32)
+    gemm = Gemm(openblas_sgemm(probed_blas()), None, kernel)
+    rng = np.random.default_rng(1)
+    for n in (1, QUANT_ROWS, QUANT_ROWS + 1, 200):
+        x = rng.standard_normal((n, 128), dtype=np.float32)
+        got = gemm.linear(x, (QuantizedWeight.of(layer), bias))
+        assert np.allclose(got, x @ dense.T + bias, rtol=1e-5, atol=1e-4), n
+    assert gemm._scratch.size == 96 * 128  # the dequantized weight's buffer, kept
+
+
+@pytest.mark.parametrize("bits,group", [(8, 64), (4, 32)])
+def test_decoding_a_quantized_model_gives_mlx_lms_greedy_tokens(tiny_model, kernel, bits,
+                                                                 group):
+    # the model as the runner holds it on a CPU (runner/weights.py): packed 4- or 8-bit
+    # layers with float32 scales; five greedy rows, prompts read through the numpy prefill
+    # (through the kernel and, past QUANT_ROWS tokens, dequantized), decode steps of 5 .. 1
+    # rows through the numpy body and the head, all on the kernel
+    model, _ = load(str(tiny_model))
+    nn.quantize(model, group_size=group, bits=bits)
+    mx.eval(model.parameters())
+    step = ModelStep(model, 0, lambda token: "")
+    assert isinstance(step.host_head.kernel, QuantKernel)
+    assert step.host_body is not None and step.host_body.quantized
+    assert step.host_prefill is not None
+    step.host_body.gemm._sgemm = openblas_sgemm(probed_blas())  # as in a runner, preloaded
+    calls = []
+    product = QuantKernel.product
+    step.host_body.gemm.quant = step.host_body._project._quant = step.host_head.kernel = type(
+        "Spy", (), {"product": lambda self, w, x, o: calls.append(x.shape[0])
+                    or product(kernel, w, x, o),
+                    "dequantize": lambda self, w, o: calls.append("dequantized")
+                    or kernel.dequantize(w, o)})()
+    scheduler = Scheduler(SchedulerConfig(), step.make_pool(512, 8), admit=step.admit,
+                          eos_token_ids=set())
+    seqs = []
+    for i in range(5):
+        opts = Options(temperature=0.0)
+        seq = Sequence(i, [(5 * k + 11 * i) % 400 + 2 for k in range(9 + 7 * i)], opts,
+                       max_new_tokens=6 + i, context_length=512)
+        seq.sampler = Sampler.from_options(opts, seq.context_length)
+        scheduler.add(seq)
+        seqs.append(seq)
+    while scheduler.has_work:
+        plan = scheduler.schedule()
+        scheduler.update(plan, step.run(plan))
+    assert [s.output_tokens for s in seqs] == [
+        mlx_lm_greedy(model, s.prompt_tokens, 6 + i) for i, s in enumerate(seqs)]
+    assert {1, 5, 3, 9}.issubset(calls) and "dequantized" in calls
