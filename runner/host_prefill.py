@@ -82,9 +82,10 @@ class HostPrefill:
         return False
 
     def __call__(self, tokens: list[int], start: int, keys: list[list[np.ndarray]],
-                 values: list[list[np.ndarray]]) -> np.ndarray:
-        """The chunk's last hidden state (hidden,) after the final norm; writes the chunk's
-        keys and values (positions start .. start + n - 1) into each layer's last pieces."""
+                 values: list[list[np.ndarray]], every: bool = False) -> np.ndarray:
+        """The chunk's last hidden state (hidden,) after the final norm (`every`: all its
+        positions', (n, hidden)); writes the chunk's keys and values (positions start ..
+        start + n - 1) into each layer's last pieces."""
         body, gemm = self.body, self._gemm
         n, d = len(tokens), body.head_dim
         diag, off = self.rope.tables(start, n)
@@ -94,7 +95,7 @@ class HostPrefill:
             x = rms_norm(h, layer.attn_norm)
             k = gemm.linear(x, layer.k).reshape(n, layer.kv_heads, d)
             v = gemm.linear(x, layer.v).reshape(n, layer.kv_heads, d)
-            if i == last:  # only the last position goes on from here
+            if i == last and not every:  # only the last position goes on from here
                 x, h = x[-1:], h[-1:]
             q = gemm.linear(x, layer.q).reshape(x.shape[0], layer.heads, d)
             if layer.q_norm is not None:
@@ -110,7 +111,19 @@ class HostPrefill:
             x = rms_norm(h, layer.mlp_norm)
             h = h + gemm.linear(silu_times(gemm.linear(x, layer.gate),
                                            gemm.linear(x, layer.up)), layer.down)
-        return rms_norm(h[-1], body.norm)
+        return rms_norm(h if every else h[-1], body.norm)
+
+    def hidden_states(self, tokens: list[int], chunk: int) -> np.ndarray:
+        """Every position's last hidden state (n, hidden) after the final norm, for a prompt
+        read from scratch in chunks of `chunk` tokens into keys and values of its own: an
+        embedding (runner/embed/embeddings.py `LMEmbedder`)."""
+        n, layers, d = len(tokens), self.body.layers, self.body.head_dim
+        keys = [np.empty((layer.kv_heads, n, d), dtype=np.float32) for layer in layers]
+        values = [np.empty_like(k) for k in keys]
+        return np.concatenate([
+            self(tokens[s:s + chunk], s, [[k[:, :s + chunk]] for k in keys],
+                 [[v[:, :s + chunk]] for v in values], every=True)
+            for s in range(0, n, chunk)])
 
     def _attend(self, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
                 scale: float, n: int) -> np.ndarray:

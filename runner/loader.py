@@ -148,7 +148,9 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
         raise UnsupportedModel("a sharded model must split into body and head")
     # (a sharded model has no embeddings: only the step's forward passes reach every rank)
     embedder = None if step.split.body is None or group is not None else LMEmbedder.make(
-        model, step.split.body, tokenizer, min(config.context_length, max_context), vocab_size)
+        model, step.split.body, tokenizer, min(config.context_length, max_context), vocab_size,
+        host=step.host_prefill if step.host_body is not None and step.host_body.quantized
+        else None)
     capabilities = ["completion"] + (["vision"] if vision is not None else [])
     return LoadedModel(model, tokenizer, max_context, bytes_per_token, vocab_size,
                        capabilities, embedder=embedder, model_step=step, vision=vision,

@@ -220,7 +220,10 @@ def load_encoder_embedder(model_dir: str | Path, context_length: int) -> Encoder
 @dataclass(slots=True)
 class LMEmbedder:
     """Mean of the body's last hidden states (after the final norm) over the input, L2
-    normalized; `body` is the model without its head (runner.model_step.split_model)."""
+    normalized; `body` is the model without its head (runner.model_step.split_model).
+    `host`: a numpy prefill body (runner/host_prefill.py) that reads the inputs instead, for
+    a model on the quantized kernel, whose MLX body runs MLX's quantized CPU products (a
+    128-token input through the 147M 8-bit model: 7.2 s, against 0.24 s widened)."""
 
     model: Any
     body: Any
@@ -228,10 +231,11 @@ class LMEmbedder:
     max_length: int
     dim: int
     vocab_size: int
+    host: Any = None
 
     @classmethod
     def make(cls, model: Any, body: Any, tokenizer: Any, max_length: int,
-             vocab_size: int) -> "LMEmbedder | None":
+             vocab_size: int, host: Any = None) -> "LMEmbedder | None":
         """None when the body does not run as expected: the model then serves completions
         only, rather than failing to load over a side feature."""
         import mlx.core as mx
@@ -243,7 +247,7 @@ class LMEmbedder:
             log.exception("no embeddings for this model: its body does not run alone")
             return None
         # The hidden size, whatever the config calls it.
-        return cls(model, body, tokenizer, max_length, hidden.shape[-1], vocab_size)
+        return cls(model, body, tokenizer, max_length, hidden.shape[-1], vocab_size, host)
 
     def encode(self, texts: list[str], truncate: bool) -> list[list[int]]:
         # The tokenizer's own special tokens (a BOS where the model has one), as a prompt gets.
@@ -252,6 +256,11 @@ class LMEmbedder:
     def forward(self, batch: list[list[int]]) -> np.ndarray:
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
+
+        if self.host is not None:
+            means = np.stack([self.host.hidden_states(tokens, LM_CHUNK).mean(axis=0)
+                              for tokens in batch])
+            return l2_normalize(means)
 
         ids, mask = pad_batch(batch)
         ids_mx, mask_mx = mx.array(ids), mx.array(mask)

@@ -15,6 +15,7 @@ import shutil
 
 import httpx
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
@@ -107,3 +108,10 @@ def test_an_8_bit_model_is_served_as_stored_on_the_quantized_kernel(q8_model, su
         pool = status["kv_blocks_total"] * status["kv_block_bytes"]
         assert 2 * BUDGET - status["kv_block_bytes"] < pool <= 2 * BUDGET
         assert served_tokens(url) == reference()
+        # embeddings go through the numpy body too: the mean of MLX's hidden states
+        got = httpx.post(url + "/v1/embeddings", json={"input": [PROMPTS[1]]},
+                         timeout=60).json()["embeddings"][0]
+        model, _ = load(str(q8_model))
+        widen_around_kernel(model)
+        mean = np.array(model.model(mx.array([PROMPTS[1]]))[0].mean(axis=0))
+        assert np.allclose(got, mean / np.linalg.norm(mean), atol=1e-5)

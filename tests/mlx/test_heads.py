@@ -6,8 +6,9 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.utils import load
 
-from mlxr.runner import transposed_head
+from mlxr.runner import host_head, transposed_head
 from mlxr.runner.host_head import HostHead
+from mlxr.runner.quant_kernel import QuantKernel
 from mlxr.runner.transposed_head import TransposedHead
 from mlxr.runner.model_step import ModelStep, split_model
 from mlxr.runner.request import Sequence
@@ -41,9 +42,16 @@ def test_the_host_head_gives_the_model_head_logits_and_the_same_argmax(tiny_mode
         assert mx.argmax(ours, axis=-1).tolist() == mx.argmax(theirs, axis=-1).tolist()
 
 
-def test_no_host_head_for_a_quantized_head(tiny_model):
+def test_a_quantized_head_is_the_quantized_kernels_or_none(tiny_model):
     model, _ = load(str(tiny_model))
-    nn.quantize(model, group_size=32, bits=8)
+    nn.quantize(model, group_size=32, bits=8)  # float32 scales: the kernel takes it
+    head = HostHead.find(model, split_model(model).head, probed_blas())
+    assert isinstance(head.kernel, QuantKernel) and head.max_rows == host_head.KERNEL_MAX_ROWS
+    hidden = mx.random.normal((3, head.hidden), key=mx.random.key(5))
+    assert mx.allclose(head(hidden), split_model(model).head(hidden), rtol=1e-4,
+                       atol=1e-4).item()
+    model, _ = load(str(tiny_model))
+    nn.quantize(model, group_size=32, bits=6)  # a layout it does not take
     assert HostHead.find(model, split_model(model).head, probed_blas()) is None
 
 

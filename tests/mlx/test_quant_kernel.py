@@ -13,6 +13,8 @@ import pytest
 from mlx_lm.utils import load
 
 from mlxr.runner import quant_kernel
+from mlxr.runner.embed import embeddings
+from mlxr.runner.embed.embeddings import LMEmbedder
 from mlxr.runner.host_head import openblas_sgemm
 from mlxr.runner.host_ops import QUANT_ROWS, Gemm
 from mlxr.runner.model_step import ModelStep
@@ -175,3 +177,20 @@ def test_decoding_a_quantized_model_gives_mlx_lms_greedy_tokens(tiny_model, kern
     assert [s.output_tokens for s in seqs] == [
         mlx_lm_greedy(model, s.prompt_tokens, 6 + i) for i, s in enumerate(seqs)]
     assert {1, 5, 3, 9}.issubset(calls) and "dequantized" in calls
+
+
+def test_a_quantized_models_embeddings_read_through_the_numpy_body_equal_mlxs(
+        tiny_model, kernel, monkeypatch):
+    # its MLX body would run MLX's quantized CPU products, 30x the time; chunks of 16 here
+    model, _ = load(str(tiny_model))
+    nn.quantize(model, group_size=64, bits=8)
+    mx.eval(model.parameters())
+    step = ModelStep(model, 0, lambda token: "")
+    monkeypatch.setattr(embeddings, "LM_CHUNK", 16)
+    via_mlx = LMEmbedder.make(model, step.split.body, None, 512, 1000)
+    via_host = LMEmbedder.make(model, step.split.body, None, 512, 1000, host=step.host_prefill)
+    batch = [[7], [(3 * i + 1) % 300 + 2 for i in range(40)], list(range(2, 18))]
+    got, want = via_host.forward(batch), via_mlx.forward(batch)
+    assert got.shape == want.shape == (3, via_mlx.dim)
+    assert np.allclose(got, want, atol=1e-5)
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
