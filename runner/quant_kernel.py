@@ -38,7 +38,7 @@ BITS = (4, 8)
 GROUPS = (32, 64, 128)
 MAX_LANES = 16  # rows one pass over the weight serves
 TILE = 8  # weight rows the kernel takes at a time: ranges start on a multiple
-SPLIT_ELEMENTS = 1 << 20  # smaller weights are one thread's work (a hand-off costs more)
+SPLIT_ELEMENTS = 1 << 17  # smaller weights are one thread's work (a hand-off costs more)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +154,7 @@ class QuantKernel:
         """The kernel in the built library `path`; None where it does not load (logged)."""
         try:
             lib = ctypes.CDLL(str(path))
-            fn, width, use_width = lib.mlxr_quant_rows, lib.mlxr_quant_width, \
+            fn, width, use_width = lib.mlxr_quant_rows_parts, lib.mlxr_quant_width, \
                 lib.mlxr_quant_use_width
             dequantize = lib.mlxr_quant_dequantize
         except (OSError, AttributeError) as exc:
@@ -164,7 +164,7 @@ class QuantKernel:
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                        ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_long,
-                       ctypes.c_long]
+                       ctypes.c_long, ctypes.c_int]
         width.restype = use_width.restype = ctypes.c_int
         use_width.argtypes = [ctypes.c_int]
         dequantize.restype = ctypes.c_int
@@ -198,13 +198,8 @@ class QuantKernel:
         lanes = lanes_for(b)
         x = kernel_layout(block, weight.bits, lanes)
         fn, bits, group = self._fn, weight.bits, weight.group
-        q, s, z = weight.q.ctypes.data, weight.scales.ctypes.data, weight.biases.ctypes.data
-        xp, o = x.ctypes.data, out.ctypes.data
-
-        def part(a: int, e: int) -> None:
-            if fn(q, bits, depth, group, s, z, xp, lanes, o, width, b, a * TILE,
-                  min(e * TILE, width)) != 0:
-                raise ValueError("quantized kernel refused its arguments")
-
-        host_parallel.for_rows(-(-width // TILE), width * depth, part,
-                               parts=None if width * depth >= SPLIT_ELEMENTS else 1)
+        parts = host_parallel.workers() if width * depth >= SPLIT_ELEMENTS else 1
+        if fn(weight.q.ctypes.data, bits, depth, group, weight.scales.ctypes.data,
+              weight.biases.ctypes.data, x.ctypes.data, lanes, out.ctypes.data, width, b, 0,
+              width, parts) != 0:
+            raise ValueError("quantized kernel refused its arguments")

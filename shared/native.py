@@ -27,6 +27,7 @@ COMPILE_TIMEOUT_S = 120.0
 ROW_KERNEL_SOURCE = Path(__file__).resolve().parent / "assets" / "row_kernel.c"
 ROW_KERNEL_FLAGS = ["-O3"]
 QUANT_KERNEL_SOURCE = ROW_KERNEL_SOURCE.with_name("quant_kernel.c")
+QUANT_KERNEL_FLAGS = ["-O3", "-pthread"]
 
 
 def cpu_identity() -> list[str]:
@@ -100,8 +101,8 @@ def quant_kernel_library(cache_dir: Path) -> tuple[Path | None, str]:
     """The quantized kernel's library (runner/quant_kernel.py), built if need be: (path, "")
     or (None, why not). It picks its vector width itself, at run time; where the build with
     the x86 copies fails, the plain C one (MLXR_QUANT_GENERIC)."""
-    path, why = cached_library(QUANT_KERNEL_SOURCE, cache_dir, ROW_KERNEL_FLAGS)
+    path, why = cached_library(QUANT_KERNEL_SOURCE, cache_dir, QUANT_KERNEL_FLAGS)
     if path is None and why != "no C compiler":  # a compiler without the x86 copies' targets
         path, why = cached_library(QUANT_KERNEL_SOURCE, cache_dir,
-                                   ROW_KERNEL_FLAGS + ["-DMLXR_QUANT_GENERIC"])
+                                   QUANT_KERNEL_FLAGS + ["-DMLXR_QUANT_GENERIC"])
     return path, why

@@ -78,7 +78,7 @@ def test_a_large_weight_is_split_across_threads_and_still_exact(kernel):
 def test_the_plain_c_build_gives_the_same_products(tmp_path):
     # what a compiler without the x86 copies' targets, or an Arm machine, runs
     path, why = native.cached_library(native.QUANT_KERNEL_SOURCE, tmp_path,
-                                      native.ROW_KERNEL_FLAGS + ["-DMLXR_QUANT_GENERIC"])
+                                      native.QUANT_KERNEL_FLAGS + ["-DMLXR_QUANT_GENERIC"])
     assert path is not None, why
     plain = QuantKernel.from_library(path)
     assert plain.width == 4 and plain.use_width(16) == 4
@@ -119,12 +119,13 @@ def test_it_refuses_what_it_does_not_take(kernel):
     fn = kernel._fn
     args = (weight.q.ctypes.data, 8, 128, 64, weight.scales.ctypes.data,
             weight.biases.ctypes.data, x.ctypes.data)
-    assert fn(*args, 4, out.ctypes.data, 16, 4, 0, 16) == 0
-    assert fn(*args, 3, out.ctypes.data, 16, 3, 0, 16) == -1  # lanes not a power of two
-    assert fn(*args, 4, out.ctypes.data, 16, 5, 0, 16) == -1  # more rows than lanes
-    assert fn(*args, 4, out.ctypes.data, 16, 4, 0, 17) == -1  # past the weight's rows
-    bad_group = (*args[:3], 48, *args[4:])
-    assert fn(*bad_group, 4, out.ctypes.data, 16, 4, 0, 16) == -1
+    for parts in (1, 2):
+        assert fn(*args, 4, out.ctypes.data, 16, 4, 0, 16, parts) == 0
+        assert fn(*args, 3, out.ctypes.data, 16, 3, 0, 16, parts) == -1  # lanes not a power of 2
+        assert fn(*args, 4, out.ctypes.data, 16, 5, 0, 16, parts) == -1  # more rows than lanes
+        assert fn(*args, 4, out.ctypes.data, 16, 4, 0, 17, parts) == -1  # past the weight
+        bad_group = (*args[:3], 48, *args[4:])
+        assert fn(*bad_group, 4, out.ctypes.data, 16, 4, 0, 16, parts) == -1
 
 
 def test_products_of_many_rows_are_dequantized_once_and_go_to_blas(kernel):
