@@ -82,6 +82,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     from mlxr.runner.model_step import ModelStep
     from mlxr.runner.tokenizer import load_tokenizer
     from mlxr.runner.vision.model import load_vision
+    from mlxr.runner.host_body import HostBody
     from mlxr.runner.weights import ON_KERNEL, float32_on_cpu
     from mlxr.shared.vision import vision_family
 
@@ -126,6 +127,12 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
         if widened:
             vision.widen()
     fix_model(model, model_config)
+    if weights.endswith(ON_KERNEL) and HostBody.find(model) is None:
+        # The numpy body does not serve this architecture, so MLX's quantized CPU products
+        # would: 5-44x float32's time. Widen after all, where it fits.
+        weights = float32_on_cpu(model, config.float32_weights,
+                                 int(config.kv_cache_bytes * kv_scale),
+                                 int(psutil.virtual_memory().available))
     on_progress(0.9)
     max_context = int(model_config.get("max_position_embeddings")
                       or tokenizer.model_max_length or 1 << 20)

@@ -7,31 +7,20 @@ kernel's workers. Behind docs/PERFORMANCE.md "Quantized weights as stored".
         PYTHONPATH=. .venv/bin/python scripts/bench_quant_kernel.py [--shape 512x151680] \\
         [--model ~/.cache/mlxr-bench/mlx-quantized/random-medium-8bit]
 
-Prints the median milliseconds of each (the best of 7 for the head shape); nothing is
-asserted. The default shape is the medium preset's head (hidden 512, 151,680 tokens)."""
+Prints the median milliseconds of each; nothing is asserted. The default shape is the medium preset's head (hidden 512, 151,680 tokens)."""
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from bench_kv_rows import median_ms  # this script's folder is on the path
 from mlxr.runner import quant_kernel
 from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel
 from mlxr.runner.row_kernel import RowKernel
-
-
-def ms(fn, repeats: int = 7, best: bool = True) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * (min(times) if best else sorted(times)[repeats // 2])
 
 
 def products(shape: str) -> None:
@@ -49,9 +38,10 @@ def products(shape: str) -> None:
     for rows in (1, 4, 16):
         x = np.random.default_rng(rows).standard_normal((rows, d_in), dtype=np.float32)
         out = np.empty((rows, d_out), dtype=np.float32)
-        line = f"{rows:2d} rows: float32 {ms(lambda: rows_kernel.product(dense, x, out)):6.2f} ms"
+        wide = median_ms(lambda: rows_kernel.product(dense, x, out))
+        line = f"{rows:2d} rows: float32 {wide:6.2f} ms"
         for bits, weight in weights.items():
-            line += f"  {bits}-bit {ms(lambda: quant.product(weight, x, out)):6.2f} ms"
+            line += f"  {bits}-bit {median_ms(lambda: quant.product(weight, x, out)):6.2f} ms"
         print(line, flush=True)
 
 
@@ -74,10 +64,10 @@ def body(model_dir: str) -> None:
 
     split = quant_kernel.SPLIT_ELEMENTS
     quant_kernel.SPLIT_ELEMENTS = 1 << 40
-    alone = ms(token, 15, best=False)
+    alone = median_ms(token)
     quant_kernel.SPLIT_ELEMENTS = split
     print(f"{len(linears)} body products a token: one thread {alone:.2f} ms, split by the "
-          f"kernel's workers {ms(token, 15, best=False):.2f} ms")
+          f"kernel's workers {median_ms(token):.2f} ms")
 
 
 def main() -> None:

@@ -19,13 +19,10 @@ from mlxr.runner.host_head import openblas_sgemm
 from mlxr.runner.host_ops import QUANT_ROWS, Gemm
 from mlxr.runner.model_step import ModelStep
 from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel, takes
-from mlxr.runner.request import Sequence
-from mlxr.runner.sampling import Sampler
-from mlxr.runner.scheduler import Scheduler, SchedulerConfig
 from mlxr.shared import native
-from mlxr.shared.protocol import Options
 from tests.mlx.test_heads import probed_blas
 from tests.mlx.test_host_attention import mlx_lm_greedy
+from tests.mlx.test_row_kernel import five_greedy_rows
 
 ROWS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 40)  # every lane count; several passes
 
@@ -162,19 +159,7 @@ def test_decoding_a_quantized_model_gives_mlx_lms_greedy_tokens(tiny_model, kern
                     or product(kernel, w, x, o),
                     "dequantize": lambda self, w, o: calls.append("dequantized")
                     or kernel.dequantize(w, o)})()
-    scheduler = Scheduler(SchedulerConfig(), step.make_pool(512, 8), admit=step.admit,
-                          eos_token_ids=set())
-    seqs = []
-    for i in range(5):
-        opts = Options(temperature=0.0)
-        seq = Sequence(i, [(5 * k + 11 * i) % 400 + 2 for k in range(9 + 7 * i)], opts,
-                       max_new_tokens=6 + i, context_length=512)
-        seq.sampler = Sampler.from_options(opts, seq.context_length)
-        scheduler.add(seq)
-        seqs.append(seq)
-    while scheduler.has_work:
-        plan = scheduler.schedule()
-        scheduler.update(plan, step.run(plan))
+    seqs = five_greedy_rows(step)
     assert [s.output_tokens for s in seqs] == [
         mlx_lm_greedy(model, s.prompt_tokens, 6 + i) for i, s in enumerate(seqs)]
     assert {1, 5, 3, 9}.issubset(calls) and "dequantized" in calls

@@ -95,6 +95,18 @@ def test_decoding_through_the_kernel_gives_mlx_lms_greedy_tokens(tiny_model, ker
     kernel_spy = type("Spy", (), {"product": lambda self, w, x, o: calls.append(x.shape[0])
                                   or product(w, x, o)})()
     step.host_head.kernel = step.host_body.gemm.kernel = kernel_spy
+    serial = set()
+    seqs = five_greedy_rows(step, lambda plan: serial.add((bool(plan.decode),
+                                                           step.host_body.gemm.serial)))
+    assert [s.output_tokens for s in seqs] == [
+        mlx_lm_greedy(model, s.prompt_tokens, 6 + i) for i, s in enumerate(seqs)]
+    assert 5 in calls and 3 in calls  # a five-row and a three-row step went through it
+    assert serial == {(False, False), (True, True)}  # products in pieces while rows decode
+
+
+def five_greedy_rows(step: ModelStep, after_step=lambda plan: None) -> list[Sequence]:
+    """Five greedy sequences (prompts of 9-37 tokens, 6-10 new tokens) run to the end
+    through `step`, with the scheduler; `after_step(plan)` after each step."""
     scheduler = Scheduler(SchedulerConfig(), step.make_pool(512, 8), admit=step.admit,
                           eos_token_ids=set())
     seqs = []
@@ -105,15 +117,11 @@ def test_decoding_through_the_kernel_gives_mlx_lms_greedy_tokens(tiny_model, ker
         seq.sampler = Sampler.from_options(opts, seq.context_length)
         scheduler.add(seq)
         seqs.append(seq)
-    serial = set()
     while scheduler.has_work:
         plan = scheduler.schedule()
         scheduler.update(plan, step.run(plan))
-        serial.add((bool(plan.decode), step.host_body.gemm.serial))
-    assert [s.output_tokens for s in seqs] == [
-        mlx_lm_greedy(model, s.prompt_tokens, 6 + i) for i, s in enumerate(seqs)]
-    assert 5 in calls and 3 in calls  # a five-row and a three-row step went through it
-    assert serial == {(False, False), (True, True)}  # products in pieces while rows decode
+        after_step(plan)
+    return seqs
 
 
 @pytest.mark.parametrize("transpose_b,wide", [(True, False), (False, False), (True, True)],
