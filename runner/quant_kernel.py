@@ -108,6 +108,8 @@ def kernel_layout(x: np.ndarray, bits: int, lanes: int) -> np.ndarray:
     b, depth = x.shape
     if bits == 4:
         x = x.reshape(b, depth // 32, 16, 2).transpose(0, 1, 3, 2).reshape(b, depth)
+    if b == lanes <= 2:  # one or two rows as they are (a decode step's 150-200 products)
+        return np.ascontiguousarray(x, dtype=np.float32)
     if lanes <= 2:
         out = np.zeros((lanes, depth), dtype=np.float32)
         out[:b] = x

@@ -28,6 +28,7 @@
 #define LOAD(dst, src) memcpy(&(dst), (src), sizeof(dst))
 #define MAX_GROUP 128 /* the largest group size taken */
 #define AHEAD_ROWS 16 /* weight rows prefetched ahead */
+#define SEQ_AHEAD 4096 /* bytes prefetched ahead along a sequential stream */
 
 /* The 64-byte lines that start in bytes [from, from + n) of a row, AHEAD_ROWS rows on: without
  * it one core read a weight at about half the speed (row_kernel.c found the same). */
@@ -114,6 +115,75 @@
             }                                                                                 \
     }
 
+/* One input row, one weight row after another: the weight's bytes, its scales and its biases
+ * are each read as one sequential stream (four rows at a time made twelve), with four
+ * accumulators for independent sums. x here is (1, h), in the 4-bit block order. */
+#define QSEQ(NAME, ATTR, W, BITS, BYTES)                                                      \
+    static ATTR void NAME(const uint8_t *q, long h, int group, const float *sc,              \
+                          const float *bi, const float *x, float *out, long j0, long j1,      \
+                          long v)                                                             \
+    {                                                                                         \
+        typedef float vf __attribute__((vector_size(4 * W)));                                 \
+        typedef int32_t vi __attribute__((vector_size(4 * W)));                               \
+        const long rowbytes = h * BITS / 8, groups = h / group, gbytes = group * BITS / 8;    \
+        const uint8_t *end = q + v * rowbytes;                                                \
+        const float *send = sc + v * groups;                                                  \
+        for (long j = j0; j < j1; j++) {                                                      \
+            const uint8_t *row = q + j * rowbytes;                                            \
+            const float *s = sc + j * groups, *z = bi + j * groups;                           \
+            vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                        \
+            long g = 0;                                                                       \
+            for (; g + 2 <= groups; g += 2) {                                                 \
+                SEQ_GROUP(W, BITS, BYTES, g, a0, a1);                                         \
+                SEQ_GROUP(W, BITS, BYTES, g + 1, a2, a3);                                     \
+            }                                                                                 \
+            if (g < groups)                                                                   \
+                SEQ_GROUP(W, BITS, BYTES, g, a0, a1);                                         \
+            vf total = (a0 + a1) + (a2 + a3);                                                 \
+            float sum = 0;                                                                    \
+            _Pragma("GCC unroll 16") for (int i = 0; i < W; i++) sum += total[i];             \
+            out[j] = sum;                                                                     \
+        }                                                                                     \
+    }
+
+/* QSEQ's group g into the accumulators A and B, with the streams' prefetches. */
+#define SEQ_GROUP(W, BITS, BYTES, g, A, B)                                                    \
+    do {                                                                                      \
+        const uint8_t *p = row + (g) * gbytes;                                                \
+        for (long line = (64 - ((uintptr_t)p & 63)) & 63; line < gbytes; line += 64)         \
+            if (p + line + SEQ_AHEAD < end)                                                   \
+                __builtin_prefetch(p + line + SEQ_AHEAD);                                     \
+        if (!(((uintptr_t)(s + (g))) & 63) && s + (g) + SEQ_AHEAD / 4 < send) {               \
+            __builtin_prefetch(s + (g) + SEQ_AHEAD / 4);                                      \
+            __builtin_prefetch(z + (g) + SEQ_AHEAD / 4);                                      \
+        }                                                                                     \
+        vf sv = (vf){0} + s[g], zv = (vf){0} + z[g];                                          \
+        const float *xg = x + (g) * group;                                                    \
+        if (BITS == 8) {                                                                      \
+            for (int k = 0; k < group; k += 2 * W) {                                          \
+                vf w0 = __builtin_convertvector((vi)BYTES(p + k), vf) * sv + zv;              \
+                vf w1 = __builtin_convertvector((vi)BYTES(p + k + W), vf) * sv + zv;          \
+                vf x0, x1;                                                                    \
+                LOAD(x0, xg + k);                                                             \
+                LOAD(x1, xg + k + W);                                                         \
+                A += w0 * x0;                                                                 \
+                B += w1 * x1;                                                                 \
+            }                                                                                 \
+        } else {                                                                              \
+            for (int k = 0; k < group / 2; k += W) {                                          \
+                vi u = (vi)BYTES(p + k);                                                      \
+                vf lo = __builtin_convertvector(u & 15, vf) * sv + zv;                        \
+                vf hi = __builtin_convertvector(u >> 4, vf) * sv + zv;                        \
+                vf xe, xo;                                                                    \
+                int at = k / 16 * 32 + k % 16;                                                \
+                LOAD(xe, xg + at);                                                            \
+                LOAD(xo, xg + at + 16);                                                       \
+                A += lo * xe;                                                                 \
+                B += hi * xo;                                                                 \
+            }                                                                                 \
+        }                                                                                     \
+    } while (0)
+
 /* A tile of T weight rows for L (4, 8 or 16) input rows, the shape of row_kernel.c: each
  * group of the tile is dequantized into a buffer on the stack (in L1), then each of its
  * weights is broadcast against a vector of the rows' values at that position, so nothing is
@@ -171,8 +241,7 @@
 /* Every kernel of one width and bit count, and the range's driver: the dot-product shape for
  * one or two rows (with T weight rows a step, for independent accumulators), tiles beyond. */
 #define WIDTH(SUFFIX, ATTR, W, BITS, BYTES)                                                   \
-    QKERNEL(k1x4_##SUFFIX, ATTR, W, 1, 4, BITS, BYTES)                                        \
-    QKERNEL(k1x1_##SUFFIX, ATTR, W, 1, 1, BITS, BYTES)                                        \
+    QSEQ(k1_##SUFFIX, ATTR, W, BITS, BYTES)                                                   \
     QKERNEL(k2x2_##SUFFIX, ATTR, W, 2, 2, BITS, BYTES)                                        \
     QKERNEL(k2x1_##SUFFIX, ATTR, W, 2, 1, BITS, BYTES)                                        \
     QTILE(t4x8_##SUFFIX, ATTR, W, 4, 8, BITS, BYTES)                                          \
@@ -188,11 +257,7 @@
         long groups = h / group, j = j0;                                                      \
         switch (lanes) {                                                                      \
         case 1:                                                                               \
-            for (; j + 4 <= j1; j += 4)                                                       \
-                k1x4_##SUFFIX(q, h, group, sc, bi, x, out, v, b, j, groups,                   \
-                              j + 4 + AHEAD_ROWS <= j1);                                      \
-            for (; j < j1; j++)                                                               \
-                k1x1_##SUFFIX(q, h, group, sc, bi, x, out, v, b, j, groups, 0);               \
+            k1_##SUFFIX(q, h, group, sc, bi, x, out, j0, j1, v);                              \
             break;                                                                            \
         case 2:                                                                               \
             for (; j + 2 <= j1; j += 2)                                                       \
