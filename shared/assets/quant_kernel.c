@@ -10,11 +10,12 @@
  *
  * Each pass loads W weights as bytes, widens them to float, dequantizes them in registers
  * (where the CPU has FMA, with one rounding where MLX's dequantize has two: a weight may
- * differ from the widened model's in its last bit) and multiplies them into every row's
- * accumulator. A 4-bit load gives
- * the even elements (low nibbles) and the odd ones (high nibbles) of 2W weights, so the rows
- * come in a layout where each 32-element block holds its 16 even elements, then its 16 odd
- * ones (runner/quant_kernel.py makes it).
+ * differ from the widened model's in its last bit) and multiplies them into the rows'
+ * accumulators: one row along each weight row in turn (QSEQ), two rows two weight rows at a
+ * time (QKERNEL), 4-16 rows a tile of eight weight rows (QTILE). A 4-bit load gives the even
+ * elements (low nibbles) and the odd ones (high nibbles) of 2W weights, so the rows come in a
+ * layout where each 32-element block holds its 16 even elements, then its 16 odd ones
+ * (runner/quant_kernel.py makes it).
  *
  * Built on demand by runner/quant_kernel.py with the system C compiler. On x86-64 (GCC or
  * clang) one copy is compiled for AVX-512 (16 floats a vector), one for AVX2 with FMA (8) and
