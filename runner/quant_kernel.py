@@ -5,8 +5,8 @@ the packed weight once for up to 16 rows.
 Why: a decode step on a CPU is a read of every weight, so its time is the weights' bytes. The
 runner used to widen a quantized model to float32 (runner/weights.py), 4x the bytes of an
 8-bit weight and 8x a 4-bit one, because MLX's own quantized CPU matmul is slower still. On
-the 2-core Zen 4 EPYC a 151,680 x 512 head takes 12.4 ms for one row in float32 (the row
-kernel), 3.7 ms 8-bit and 3.2 ms 4-bit here; at 16 rows all three take about 14 ms
+the 2-core Zen 4 EPYC a 151,680 x 512 head takes 13.0 ms for one row in float32 (the row
+kernel), 3.1 ms 8-bit and 3.1 ms 4-bit here; at 16 rows all three take 14-16 ms
 (docs/PERFORMANCE.md, "Quantized weights as stored").
 
 `QuantizedWeight.of` reads a QuantizedLinear or QuantizedEmbedding whose layout the kernel
@@ -15,8 +15,9 @@ prefill and head (runner/host_body.py, host_prefill.py, host_head.py) call `Quan
 for it. Nothing else changes: MLX's forward pass still reads the same arrays.
 
 Invariants: `product` writes every element of its (rows, out) output; the rows go in passes of
-16, each one read of the weight; the calls into C let go of the interpreter lock (ctypes), so
-a large weight's ranges run at once on their threads.
+16, each one read of the weight; a large weight's rows are split across the cores by the C
+library's own workers, for one calling thread at a time (another caller meanwhile runs on
+its own thread alone).
 """
 
 from __future__ import annotations
@@ -62,15 +63,13 @@ class QuantizedWeight:
         None (another mode, bit count or group size, or scales not float32)."""
         import mlx.core as mx
 
-        weight, scales = getattr(module, "weight", None), getattr(module, "scales", None)
-        biases = getattr(module, "biases", None)
-        if not all(isinstance(a, mx.array) for a in (weight, scales, biases)):
+        if not takes(module):
             return None
-        bits, group = getattr(module, "bits", None), getattr(module, "group_size", None)
-        if getattr(module, "mode", "affine") != "affine" or bits not in BITS or \
-                group not in GROUPS or weight.ndim != 2 or weight.dtype != mx.uint32 or \
+        weight, scales, biases = module.weight, module.scales, module.get("biases")
+        if not isinstance(biases, mx.array) or weight.dtype != mx.uint32 or \
                 scales.dtype != mx.float32 or biases.dtype != mx.float32:
             return None
+        bits, group = module.bits, module.group_size
         mx.eval(weight, scales, biases)
         q = np.asarray(weight).view(np.uint8)
         s, b = np.asarray(scales), np.asarray(biases)
