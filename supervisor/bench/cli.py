@@ -7,6 +7,8 @@ import asyncio
 import json
 import os
 import platform
+import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -94,7 +96,6 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = Path(args.output)
     out_dir.mkdir(parents=True, exist_ok=True)
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    work = Path(tempfile.mkdtemp(prefix="mlxr-bench-"))
     model_dir = resolve_model(args.model, Path.home() / ".cache" / "mlxr-bench", args.dtype)
     # What mlxr and mlx_lm.server serve; llama.cpp's GGUF is always made from model_dir.
     served_dir = quantized_copy(model_dir, Path.home() / ".cache" / "mlxr-bench",
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(str(exc)) from None
 
     procs: list[peers.Process] = []
+    finished = False
     targets = []
     wanted = {n.strip() for n in args.scenarios.split(",")} & set(realistic.NAMES)
     if args.scenario_scale <= 0:
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     runner_config["float32_weights"] = settings.float32_weights
     if context:  # more than the default 4,096 (our runners only)
         os.environ.setdefault("MLXR_CONTEXT_LENGTH", str(context))
+    work = Path(tempfile.mkdtemp(prefix="mlxr-bench-"))
     try:
         parallel = max(levels + [16])
         server = peers.start_supervisor(served_dir, work, parallel)
@@ -162,9 +165,14 @@ def main(argv: list[str] | None = None) -> None:
                 wanted, realistic.served_targets(targets, procs), tokenizer,
                 args.scenario_scale, model_dir, args.mixed_rate))
         extra.update(agreement)
+        finished = True
     finally:
         for p in procs:
             p.stop()
+        if finished:  # its store holds a copy of the model: hundreds of MB a run
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"the servers' logs are kept in {work}", file=sys.stderr)
 
     report = {"machine": machine(), "blas": blas, "model": str(model_dir), "args": vars(args),
               "results": results, "scenarios": extra}

@@ -111,3 +111,41 @@ def test_greedy_replies_compare_equal_whether_or_not_a_peer_drops_the_leading_sp
     assert tokenizer.encode(ours).ids[0] != tokenizer.encode(theirs).ids[0]
     assert reply_ids(tokenizer, ours) == reply_ids(tokenizer, theirs)
     assert reply_ids(tokenizer, " features") != reply_ids(tokenizer, " feature")
+
+
+def test_bench_removes_its_work_folder_and_keeps_it_when_a_server_fails(
+        qwen3_dir, tokenizer, tmp_path, monkeypatch, capsys):
+    # The work folder holds the supervisor's store, a copy of the model (555 MB a run for the
+    # medium model): a finished run removes it; a failed one keeps it for the servers' logs.
+    monkeypatch.setattr(cli, "Tokenizer", SimpleNamespace(from_file=lambda path: tokenizer))
+    works = []
+
+    def mkdtemp(prefix):
+        works.append(tmp_path / f"work{len(works)}")
+        (works[-1] / "models").mkdir(parents=True)
+        return str(works[-1])
+
+    monkeypatch.setattr(cli.tempfile, "mkdtemp", mkdtemp)
+    stopped = []
+    server = SimpleNamespace(url="http://127.0.0.1:9", stop=lambda: stopped.append(1),
+                             extra={"model": "m", "blas": {"path": "", "config": ""}})
+    monkeypatch.setattr(peers, "start_supervisor", lambda *a, **k: server)
+
+    async def no_peers(ours, others, tokenizer):
+        return {}
+
+    monkeypatch.setattr(cli, "check_greedy", no_peers)
+    argv = ["--model", str(qwen3_dir), "--concurrency", "", "--scenarios", "",
+            "--against", "", "--output", str(tmp_path / "out")]
+    cli.main(argv)
+    assert stopped == [1] and not works[0].exists()
+    assert json.loads((tmp_path / "out" / "bench.json").read_text())["results"] == {}
+
+    def fails(*a, **k):
+        raise RuntimeError("mlxr exited")
+
+    monkeypatch.setattr(peers, "start_supervisor", fails)
+    with pytest.raises(RuntimeError, match="mlxr exited"):
+        cli.main(argv)
+    assert (works[1] / "models").is_dir()
+    assert f"logs are kept in {works[1]}" in capsys.readouterr().err
