@@ -38,7 +38,7 @@ from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, openblas_sgemm, openblas_
 from mlxr.runner.host_ops import Gemm, RopeTables
 from mlxr.runner.host_swiglu import silu_times
 from mlxr.runner.kv.host_attention import attend_position
-from mlxr.runner.quant_kernel import QuantKernel, QuantizedWeight
+from mlxr.runner.quant_kernel import OneRow, QuantKernel, QuantizedWeight
 from mlxr.runner.row_kernel import RowKernel
 
 log = logging.getLogger("mlxr.runner")
@@ -155,6 +155,16 @@ class _Bound:
     out_address: int
 
 
+@dataclass(frozen=True, slots=True)
+class _QuantBound:
+    """A quantized linear layer bound for one row's products (`QuantKernel.one_row`), which
+    write one output buffer."""
+
+    weight: QuantizedWeight
+    bias: np.ndarray | None
+    product: OneRow
+
+
 class _Products:
     """Matrix-vector products through the OpenBLAS the runner preloaded (runner/host_head.py
     uses the same), else numpy's. One BLAS for the body and the head: numpy's own OpenBLAS
@@ -173,10 +183,11 @@ class _Products:
         self._quant = quant  # for quantized weights
         self._inputs: dict[int, tuple[np.ndarray, int]] = {}
 
-    def bind(self, linear: tuple) -> tuple | _Bound:
+    def bind(self, linear: tuple) -> tuple | _Bound | _QuantBound:
         weight, bias = linear
-        if self._sgemv is None or isinstance(weight, QuantizedWeight) or \
-                not weight.flags.c_contiguous:
+        if isinstance(weight, QuantizedWeight):
+            return _QuantBound(weight, bias, self._quant.one_row(weight))
+        if self._sgemv is None or not weight.flags.c_contiguous:
             return linear
         rows, cols = weight.shape
         if cols not in self._inputs:
@@ -185,16 +196,13 @@ class _Products:
         out = np.empty(rows, dtype=np.float32)
         return _Bound(weight, bias, weight.ctypes.data, out, out.ctypes.data)
 
-    def __call__(self, x: np.ndarray, linear: tuple | _Bound) -> np.ndarray:
+    def __call__(self, x: np.ndarray, linear: tuple | _Bound | _QuantBound) -> np.ndarray:
+        if isinstance(linear, _QuantBound):
+            out = linear.product(x)
+            return out if linear.bias is None else out + linear.bias
         if not isinstance(linear, _Bound):
             weight, bias = linear
-            if isinstance(weight, QuantizedWeight):
-                out = np.empty((1, weight.shape[0]), dtype=np.float32)
-                self._quant.product(weight, x.reshape(1, -1).astype(np.float32, copy=False),
-                                    out)
-                out = out[0]
-            else:
-                out = weight @ x
+            out = weight @ x
             return out if bias is None else out + bias
         rows, cols = linear.weight.shape
         buffer, address = self._inputs[cols]

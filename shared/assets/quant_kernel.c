@@ -8,11 +8,13 @@
  * stream of `bits`-bit unsigned values, element i in bits [i * bits, (i + 1) * bits); a group
  * of `group` consecutive elements shares a scale and a bias, w = scale * q + bias.
  *
- * Each pass loads W weights as bytes, widens them to float, dequantizes them in registers
- * (where the CPU has FMA, with one rounding where MLX's dequantize has two: a weight may
- * differ from the widened model's in its last bit) and multiplies them into the rows'
- * accumulators: one row along each weight row in turn (QSEQ), two rows two weight rows at a
- * time (QKERNEL), 4-16 rows a tile of eight weight rows (QTILE). A 4-bit load gives the even
+ * Each pass loads W weights as bytes and widens them to float. One row goes along each
+ * weight row in turn (QSEQ) and sums each group's q * x before it scales it (the biases are
+ * one dot product a row with the groups' sums of x). Two rows (QKERNEL, two weight rows at a
+ * time) and 4-16 rows (QTILE, a tile of eight weight rows) dequantize the weights in
+ * registers first (where the CPU has FMA, with one rounding where MLX's dequantize has two:
+ * a weight may differ from the widened model's in its last bit). The kernels are compiled
+ * for each group size (32, 64, 128), so a group's loads unroll. A 4-bit load gives the even
  * elements (low nibbles) and the odd ones (high nibbles) of 2W weights, so the rows come in a
  * layout where each 32-element block holds its 16 even elements, then its 16 odd ones
  * (runner/quant_kernel.py makes it).
@@ -46,11 +48,12 @@
     }
 
 /* One (W, B, T) kernel: B input rows (padded with zero rows), T weight rows a step. */
-#define QKERNEL(NAME, ATTR, W, B, T, BITS, BYTES)                                                 \
-    static ATTR void NAME(const uint8_t *q, long h, int group, const float *sc,              \
-                          const float *bi, const float *x, float *out, long v, int b, long j,  \
+#define QKERNEL(NAME, ATTR, W, B, T, BITS, BYTES, G)                                          \
+    static ATTR void NAME(const uint8_t *q, long h, const float *sc, const float *bi,         \
+                          const float *x, float *out, long v, int b, long j,                  \
                           long groups, int ahead)                                             \
     {                                                                                         \
+        enum { group = G };                                                                   \
         typedef float vf __attribute__((vector_size(4 * W)));                                 \
         typedef int32_t vi __attribute__((vector_size(4 * W)));                               \
         const long rowbytes = h * BITS / 8;                                                   \
@@ -117,83 +120,110 @@
     }
 
 /* One input row, one weight row after another: the weight's bytes, its scales and its biases
- * are each read as one sequential stream (four rows at a time made twelve), with four
- * accumulators for independent sums. x here is (1, h), in the 4-bit block order. */
-#define QSEQ(NAME, ATTR, W, BITS, BYTES)                                                      \
-    static ATTR void NAME(const uint8_t *q, long h, int group, const float *sc,              \
-                          const float *bi, const float *x, float *out, long j0, long j1,      \
-                          long v)                                                             \
+ * are each read as one sequential stream (four rows at a time made twelve). x here is (1, h),
+ * in the 4-bit block order.
+ *
+ * A group's sum is factored: sum((s * q + z) * x) = s * sum(q * x) + z * sum(x). Each group's
+ * sum of x is made once a call, and the biases are then one short dot product a row; per
+ * weight that leaves a conversion and one multiply-add, where dequantizing first took two
+ * (4 bits was bound by them: 21 -> 36 GB/s on both cores without them). The rounding differs
+ * from dequantize-then-multiply's by about as much as a different order of the sum would. */
+#define QSEQ(NAME, ATTR, W, BITS, BYTES, G)                                                   \
+    static ATTR void NAME(const uint8_t *q, long h, const float *sc, const float *bi,        \
+                          const float *x, float *out, long j0, long j1)                       \
     {                                                                                         \
         typedef float vf __attribute__((vector_size(4 * W)));                                 \
         typedef int32_t vi __attribute__((vector_size(4 * W)));                               \
-        const long rowbytes = h * BITS / 8, groups = h / group, gbytes = group * BITS / 8;    \
-        const uint8_t *end = q + v * rowbytes;                                                \
-        const float *send = sc + v * groups;                                                  \
+        enum { GB = G * BITS / 8 }; /* a group's bytes */                                     \
+        const long rowbytes = h * BITS / 8, groups = h / G;                                   \
+        float xs[groups + W]; /* each group's sum of x, padded with zeros to whole vectors */ \
+        for (long g = 0; g < groups + W; g++) {                                               \
+            float sum = 0;                                                                    \
+            for (int k = 0; g < groups && k < G; k++)                                         \
+                sum += x[g * G + k];                                                          \
+            xs[g] = sum;                                                                      \
+        }                                                                                     \
         for (long j = j0; j < j1; j++) {                                                      \
             const uint8_t *row = q + j * rowbytes;                                            \
             const float *s = sc + j * groups, *z = bi + j * groups;                           \
-            vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                        \
+            vf a0 = {0}, a1 = {0};                                                            \
             long g = 0;                                                                       \
             for (; g + 2 <= groups; g += 2) {                                                 \
-                SEQ_GROUP(W, BITS, BYTES, g, a0, a1);                                         \
-                SEQ_GROUP(W, BITS, BYTES, g + 1, a2, a3);                                     \
+                SEQ_GROUP(W, BITS, BYTES, G, g, a0);                                          \
+                SEQ_GROUP(W, BITS, BYTES, G, g + 1, a1);                                      \
             }                                                                                 \
             if (g < groups)                                                                   \
-                SEQ_GROUP(W, BITS, BYTES, g, a0, a1);                                         \
-            vf total = (a0 + a1) + (a2 + a3);                                                 \
+                SEQ_GROUP(W, BITS, BYTES, G, g, a0);                                          \
+            vf total = a0 + a1;                                                               \
             float sum = 0;                                                                    \
+            for (g = 0; g + W <= groups; g += W) {                                            \
+                vf zv, xv;                                                                    \
+                LOAD(zv, z + g);                                                              \
+                LOAD(xv, xs + g);                                                             \
+                total += zv * xv;                                                             \
+            }                                                                                 \
+            for (; g < groups; g++)                                                           \
+                sum += z[g] * xs[g];                                                          \
             _Pragma("GCC unroll 16") for (int i = 0; i < W; i++) sum += total[i];             \
             out[j] = sum;                                                                     \
         }                                                                                     \
     }
 
-/* QSEQ's group g into the accumulators A and B, with the streams' prefetches. */
-#define SEQ_GROUP(W, BITS, BYTES, g, A, B)                                                    \
+/* QSEQ's group g into the accumulator A: A += s * sum(q * x) over the group. Each stream's
+ * lines are prefetched SEQ_AHEAD bytes on, once a line: by the group that starts in its first
+ * GB bytes (a prefetch past the end of an array does not fault). Where a group takes more
+ * than one pass of 2W weights, its sum is two chains (dependent multiply-adds wait on each
+ * other's latency). */
+#define SEQ_GROUP(W, BITS, BYTES, G, g, A)                                                    \
     do {                                                                                      \
-        const uint8_t *p = row + (g) * gbytes;                                                \
-        for (long line = (64 - ((uintptr_t)p & 63)) & 63; line < gbytes; line += 64)         \
-            if (p + line + SEQ_AHEAD < end)                                                   \
+        const uint8_t *p = row + (g) * GB;                                                    \
+        if (GB >= 64)                                                                         \
+            _Pragma("GCC unroll 4") for (int line = 0; line < GB; line += 64)                 \
                 __builtin_prefetch(p + line + SEQ_AHEAD);                                     \
-        if (!(((uintptr_t)(s + (g))) & 63) && s + (g) + SEQ_AHEAD / 4 < send) {               \
+        else if (((uintptr_t)p & 63) < GB)                                                    \
+            __builtin_prefetch(p + SEQ_AHEAD);                                                \
+        if (((uintptr_t)(s + (g)) & 63) < 4) {                                                \
             __builtin_prefetch(s + (g) + SEQ_AHEAD / 4);                                      \
             __builtin_prefetch(z + (g) + SEQ_AHEAD / 4);                                      \
         }                                                                                     \
-        vf sv = (vf){0} + s[g], zv = (vf){0} + z[g];                                          \
-        const float *xg = x + (g) * group;                                                    \
-        if (BITS == 8) {                                                                      \
-            for (int k = 0; k < group; k += 2 * W) {                                          \
-                vf w0 = __builtin_convertvector((vi)BYTES(p + k), vf) * sv + zv;              \
-                vf w1 = __builtin_convertvector((vi)BYTES(p + k + W), vf) * sv + zv;          \
-                vf x0, x1;                                                                    \
+        const float *xg = x + (g) * G;                                                        \
+        vf t0 = {0}, t1 = {0};                                                                \
+        _Pragma("GCC unroll 16") for (int k = 0; k < G; k += 2 * W) {                         \
+            vf w0, w1, x0, x1;                                                                \
+            if (BITS == 8) {                                                                  \
+                w0 = __builtin_convertvector((vi)BYTES(p + k), vf);                           \
+                w1 = __builtin_convertvector((vi)BYTES(p + k + W), vf);                       \
                 LOAD(x0, xg + k);                                                             \
                 LOAD(x1, xg + k + W);                                                         \
-                A += w0 * x0;                                                                 \
-                B += w1 * x1;                                                                 \
+            } else { /* W bytes: W even positions (low halves), W odd ones (high halves) */  \
+                vi u = (vi)BYTES(p + k / 2);                                                  \
+                w0 = __builtin_convertvector(u & 15, vf);                                     \
+                w1 = __builtin_convertvector(u >> 4, vf);                                     \
+                int at = k / 2 / 16 * 32 + k / 2 % 16;                                        \
+                LOAD(x0, xg + at);                                                            \
+                LOAD(x1, xg + at + 16);                                                       \
             }                                                                                 \
-        } else {                                                                              \
-            for (int k = 0; k < group / 2; k += W) {                                          \
-                vi u = (vi)BYTES(p + k);                                                      \
-                vf lo = __builtin_convertvector(u & 15, vf) * sv + zv;                        \
-                vf hi = __builtin_convertvector(u >> 4, vf) * sv + zv;                        \
-                vf xe, xo;                                                                    \
-                int at = k / 16 * 32 + k % 16;                                                \
-                LOAD(xe, xg + at);                                                            \
-                LOAD(xo, xg + at + 16);                                                       \
-                A += lo * xe;                                                                 \
-                B += hi * xo;                                                                 \
+            if (G == 2 * W) { /* one pass: one chain */                                      \
+                t0 = w0 * x0;                                                                 \
+                t0 += w1 * x1;                                                                \
+            } else {                                                                          \
+                t0 += w0 * x0;                                                                \
+                t1 += w1 * x1;                                                                \
             }                                                                                 \
         }                                                                                     \
+        A += (vf){0} + s[g] * (G == 2 * W ? t0 : t0 + t1);                                    \
     } while (0)
 
 /* A tile of T weight rows for L (4, 8 or 16) input rows, the shape of row_kernel.c: each
  * group of the tile is dequantized into a buffer on the stack (in L1), then each of its
  * weights is broadcast against a vector of the rows' values at that position, so nothing is
  * summed across a vector. x here is transposed, (h, L), in the 4-bit block order. */
-#define QTILE(NAME, ATTR, W, L, T, BITS, BYTES)                                               \
-    static ATTR void NAME(const uint8_t *q, long h, int group, const float *sc,              \
-                          const float *bi, const float *xt, float *out, long v, int b, long j, \
+#define QTILE(NAME, ATTR, W, L, T, BITS, BYTES, G)                                            \
+    static ATTR void NAME(const uint8_t *q, long h, const float *sc, const float *bi,         \
+                          const float *xt, float *out, long v, int b, long j,                 \
                           long groups, int ahead)                                             \
     {                                                                                         \
+        enum { group = G };                                                                   \
         typedef float vf __attribute__((vector_size(4 * W)));                                 \
         typedef int32_t vi __attribute__((vector_size(4 * W)));                               \
         typedef float vl __attribute__((vector_size(4 * L)));                                 \
@@ -239,33 +269,34 @@
                 out[(long)c * v + j + t] = acc[t][c];                                         \
     }
 
-/* Every kernel of one width and bit count, and the range's driver: the dot-product shape for
- * one or two rows (with T weight rows a step, for independent accumulators), tiles beyond. */
-#define WIDTH(SUFFIX, ATTR, W, BITS, BYTES)                                                   \
-    QSEQ(k1_##SUFFIX, ATTR, W, BITS, BYTES)                                                   \
-    QKERNEL(k2x2_##SUFFIX, ATTR, W, 2, 2, BITS, BYTES)                                        \
-    QKERNEL(k2x1_##SUFFIX, ATTR, W, 2, 1, BITS, BYTES)                                        \
-    QTILE(t4x8_##SUFFIX, ATTR, W, 4, 8, BITS, BYTES)                                          \
-    QTILE(t4x1_##SUFFIX, ATTR, W, 4, 1, BITS, BYTES)                                          \
-    QTILE(t8x8_##SUFFIX, ATTR, W, 8, 8, BITS, BYTES)                                          \
-    QTILE(t8x1_##SUFFIX, ATTR, W, 8, 1, BITS, BYTES)                                          \
-    QTILE(t16x8_##SUFFIX, ATTR, W, 16, 8, BITS, BYTES)                                        \
-    QTILE(t16x1_##SUFFIX, ATTR, W, 16, 1, BITS, BYTES)                                        \
-    static ATTR void range_##SUFFIX(const uint8_t *q, long h, int group, const float *sc,    \
+/* Every kernel of one width, bit count and group size G, and the range's driver: one row
+ * along each weight row, two rows two weight rows a step (T weight rows a step, for
+ * independent accumulators), tiles beyond. */
+#define KERNELS(SUFFIX, ATTR, W, BITS, BYTES, G)                                              \
+    QSEQ(k1_##SUFFIX, ATTR, W, BITS, BYTES, G)                                                \
+    QKERNEL(k2x2_##SUFFIX, ATTR, W, 2, 2, BITS, BYTES, G)                                     \
+    QKERNEL(k2x1_##SUFFIX, ATTR, W, 2, 1, BITS, BYTES, G)                                     \
+    QTILE(t4x8_##SUFFIX, ATTR, W, 4, 8, BITS, BYTES, G)                                       \
+    QTILE(t4x1_##SUFFIX, ATTR, W, 4, 1, BITS, BYTES, G)                                       \
+    QTILE(t8x8_##SUFFIX, ATTR, W, 8, 8, BITS, BYTES, G)                                       \
+    QTILE(t8x1_##SUFFIX, ATTR, W, 8, 1, BITS, BYTES, G)                                       \
+    QTILE(t16x8_##SUFFIX, ATTR, W, 16, 8, BITS, BYTES, G)                                     \
+    QTILE(t16x1_##SUFFIX, ATTR, W, 16, 1, BITS, BYTES, G)                                     \
+    static ATTR void range_##SUFFIX(const uint8_t *q, long h, const float *sc,                \
                                     const float *bi, const float *x, int lanes, float *out,   \
                                     long v, int b, long j0, long j1)                          \
     {                                                                                         \
-        long groups = h / group, j = j0;                                                      \
+        long groups = h / G, j = j0;                                                          \
         switch (lanes) {                                                                      \
         case 1:                                                                               \
-            k1_##SUFFIX(q, h, group, sc, bi, x, out, j0, j1, v);                              \
+            k1_##SUFFIX(q, h, sc, bi, x, out, j0, j1);                                        \
             break;                                                                            \
         case 2:                                                                               \
             for (; j + 2 <= j1; j += 2)                                                       \
-                k2x2_##SUFFIX(q, h, group, sc, bi, x, out, v, b, j, groups,                   \
+                k2x2_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups,                          \
                               j + 2 + AHEAD_ROWS <= j1);                                      \
             for (; j < j1; j++)                                                               \
-                k2x1_##SUFFIX(q, h, group, sc, bi, x, out, v, b, j, groups, 0);               \
+                k2x1_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups, 0);                      \
             break;                                                                            \
         TILES(4, SUFFIX)                                                                      \
         TILES(8, SUFFIX)                                                                      \
@@ -275,11 +306,27 @@
 #define TILES(L, SUFFIX)                                                                      \
     case L:                                                                                   \
         for (; j + 8 <= j1; j += 8)                                                           \
-            t##L##x8_##SUFFIX(q, h, group, sc, bi, x, out, v, b, j, groups,                   \
+            t##L##x8_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups,                          \
                               j + 8 + AHEAD_ROWS <= j1);                                      \
         for (; j < j1; j++)                                                                   \
-            t##L##x1_##SUFFIX(q, h, group, sc, bi, x, out, v, b, j, groups, 0);               \
+            t##L##x1_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups, 0);                      \
         break;
+
+/* The kernels of one width and bit count for each group size, and the driver that picks by
+ * the group: a constant group size unrolls a group's loads, where read at run time a 4-bit
+ * group of 32 spent some 45 instructions on the 8 that multiply. */
+#define WIDTH(SUFFIX, ATTR, W, BITS, BYTES)                                                   \
+    KERNELS(SUFFIX##_g32, ATTR, W, BITS, BYTES, 32)                                           \
+    KERNELS(SUFFIX##_g64, ATTR, W, BITS, BYTES, 64)                                           \
+    KERNELS(SUFFIX##_g128, ATTR, W, BITS, BYTES, 128)                                         \
+    static ATTR void range_##SUFFIX(const uint8_t *q, long h, int group, const float *sc,     \
+                                    const float *bi, const float *x, int lanes, float *out,   \
+                                    long v, int b, long j0, long j1)                          \
+    {                                                                                         \
+        (group == 32 ? range_##SUFFIX##_g32 : group == 64 ? range_##SUFFIX##_g64              \
+                                                          : range_##SUFFIX##_g128)(           \
+            q, h, sc, bi, x, lanes, out, v, b, j0, j1);                                       \
+    }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(MLXR_QUANT_GENERIC)
 #define X86 1
@@ -333,7 +380,7 @@ int mlxr_quant_width(void)
  * take. */
 static int refused(int bits, long h, int group, int lanes, long v, int b, long j0, long j1)
 {
-    return (bits != 4 && bits != 8) || group < 32 || group > MAX_GROUP || group % 32 ||
+    return (bits != 4 && bits != 8) || (group != 32 && group != 64 && group != 128) ||
            h % group || b < 1 || b > lanes || (lanes & (lanes - 1)) || lanes > 16 || j0 < 0 ||
            j1 > v || j0 > j1;
 }

@@ -55,6 +55,14 @@ def products_match(kernel: QuantKernel, layer, dense: np.ndarray, rows=ROWS) -> 
         kernel.product(weight, x, out)
         want = x @ dense.T
         assert np.abs(out - want).max() <= 1e-5 * np.abs(want).max(), (n, dense.shape)
+    # A decode step's bound product: the same figures, into one buffer that each call reuses
+    one_row = kernel.one_row(weight)
+    x = rng.standard_normal(dense.shape[1], dtype=np.float32)
+    first = one_row(x)
+    want = dense @ x
+    assert np.abs(first - want).max() <= 1e-5 * np.abs(want).max(), dense.shape
+    assert one_row(-x) is first
+    assert np.abs(first + want).max() <= 1e-5 * np.abs(want).max()
 
 
 @pytest.mark.parametrize("want", [16, 8, 4], ids=["avx512-or-less", "avx2-or-less", "plain"])
@@ -123,6 +131,9 @@ def test_it_refuses_what_it_does_not_take(kernel):
         assert fn(*args, 4, out.ctypes.data, 16, 4, 0, 17, parts) == -1  # past the weight
         bad_group = (*args[:3], 48, *args[4:])
         assert fn(*bad_group, 4, out.ctypes.data, 16, 4, 0, 16, parts) == -1
+        # MLX's group sizes only: each has kernels of its own (96 divides this depth)
+        wide = (*args[:2], 192, 96, *args[4:])
+        assert fn(*wide, 4, out.ctypes.data, 16, 4, 0, 16, parts) == -1
 
 
 def test_products_of_many_rows_are_dequantized_once_and_go_to_blas(kernel):
