@@ -12,9 +12,11 @@ from mlxr.runner.quant_kernel import QuantKernel, QuantizedWeight
 from mlxr.runner.row_kernel import RowKernel
 
 KERNEL_ROWS = 64  # a decode batch's rows; a prefill chunk's longer products stay OpenBLAS's
-# More rows than this times a quantized weight: dequantized, then OpenBLAS's sgemm (128 rows
-# of the 147M model's layer: 3.7 ms against 6.0 through the quantized kernel, 2.9 float32).
-QUANT_ROWS = 16
+# More rows than this times a quantized weight: dequantized, then OpenBLAS's sgemm. Up to it,
+# the quantized kernel in passes of 16 rows: for a 3,072 x 1,024 4-bit layer, 32 rows took
+# 1.4 ms against 3.0 dequantized, 128 rows 5.5 against 5.8, 256 rows 12.3 against 10.7
+# (docs/PERFORMANCE.md, "The quantized kernel, tuned").
+QUANT_ROWS = 128
 # OpenBLAS runs an sgemm of at most this m * n * k on the calling thread (interface/gemm.c:
 # SMP_THRESHOLD_MIN 65,536 x GEMM_MULTITHREAD_THRESHOLD 4).
 SERIAL_MNK = 65536 * 4

@@ -16,9 +16,10 @@ from mlxr.runner import quant_kernel
 from mlxr.runner.embed import embeddings
 from mlxr.runner.embed.embeddings import LMEmbedder
 from mlxr.runner.host_head import openblas_sgemm
+from mlxr.runner import host_ops
 from mlxr.runner.host_ops import QUANT_ROWS, Gemm
 from mlxr.runner.model_step import ModelStep
-from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel, takes
+from mlxr.runner.quant_kernel import OneRow, QuantizedWeight, QuantKernel, takes
 from mlxr.shared import native
 from tests.mlx.test_heads import probed_blas
 from tests.mlx.test_host_attention import mlx_lm_greedy
@@ -150,11 +151,17 @@ def test_products_of_many_rows_are_dequantized_once_and_go_to_blas(kernel):
 
 @pytest.mark.parametrize("bits,group", [(8, 64), (4, 32)])
 def test_decoding_a_quantized_model_gives_mlx_lms_greedy_tokens(tiny_model, kernel, bits,
-                                                                 group):
+                                                                 group, monkeypatch):
     # the model as the runner holds it on a CPU (runner/weights.py): packed 4- or 8-bit
     # layers with float32 scales; five greedy rows, prompts read through the numpy prefill
-    # (through the kernel and, past QUANT_ROWS tokens, dequantized), decode steps of 5 .. 1
-    # rows through the numpy body and the head, all on the kernel
+    # (through the kernel and, past QUANT_ROWS tokens, dequantized: 8 here, so that the
+    # 9-token prompts take that path too), decode steps of 5 .. 1 rows through the numpy body
+    # (one row: each layer's bound OneRow) and the head, all on the kernel
+    monkeypatch.setattr(host_ops, "QUANT_ROWS", 8)
+    one_rows = []
+    one_row = OneRow.__call__
+    monkeypatch.setattr(OneRow, "__call__", lambda self, x: one_rows.append(x.shape)
+                        or one_row(self, x))
     model, _ = load(str(tiny_model))
     nn.quantize(model, group_size=group, bits=bits)
     mx.eval(model.parameters())
@@ -173,7 +180,8 @@ def test_decoding_a_quantized_model_gives_mlx_lms_greedy_tokens(tiny_model, kern
     seqs = five_greedy_rows(step)
     assert [s.output_tokens for s in seqs] == [
         mlx_lm_greedy(model, s.prompt_tokens, 6 + i) for i, s in enumerate(seqs)]
-    assert {1, 5, 3, 9}.issubset(calls) and "dequantized" in calls
+    assert {1, 5, 3}.issubset(calls) and "dequantized" in calls and 9 not in calls
+    assert len(one_rows) >= 7 * 2  # a layer's seven products, two layers, a one-row step
 
 
 def test_a_quantized_models_embeddings_read_through_the_numpy_body_equal_mlxs(
