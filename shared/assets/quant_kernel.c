@@ -10,14 +10,14 @@
  *
  * Each pass loads W weights as bytes and widens them to float. One row goes along each
  * weight row in turn (QSEQ) and sums each group's q * x before it scales it (the biases are
- * one dot product a row with the groups' sums of x). Two rows (QKERNEL, two weight rows at a
- * time) and 4-16 rows (QTILE, a tile of eight weight rows) dequantize the weights in
- * registers first (where the CPU has FMA, with one rounding where MLX's dequantize has two:
- * a weight may differ from the widened model's in its last bit). The kernels are compiled
- * for each group size (32, 64, 128), so a group's loads unroll. A 4-bit load gives the even
- * elements (low nibbles) and the odd ones (high nibbles) of 2W weights, so the rows come in a
- * layout where each 32-element block holds its 16 even elements, then its 16 odd ones
- * (runner/quant_kernel.py makes it).
+ * one dot product a row with the groups' sums of x). Two or four rows (QKERNEL, two weight
+ * rows at a time) and 8 or 16 rows (QTILE, a tile of eight weight rows) dequantize the
+ * weights in registers first (where the CPU has FMA, with one rounding where MLX's
+ * dequantize has two: a weight may differ from the widened model's in its last bit). The
+ * kernels are compiled for each group size (32, 64, 128), so a group's loads unroll. A 4-bit
+ * load gives the even elements (low nibbles) and the odd ones (high nibbles) of 2W weights,
+ * so the rows come in a layout where each 32-element block holds its 16 even elements, then
+ * its 16 odd ones (runner/quant_kernel.py makes it).
  *
  * Built on demand by runner/quant_kernel.py with the system C compiler. On x86-64 (GCC or
  * clang) one copy is compiled for AVX-512 (16 floats a vector), one for AVX2 with FMA (8) and
@@ -214,7 +214,7 @@
         A += (vf){0} + s[g] * (G == 2 * W ? t0 : t0 + t1);                                    \
     } while (0)
 
-/* A tile of T weight rows for L (4, 8 or 16) input rows, the shape of row_kernel.c: each
+/* A tile of T weight rows for L (8 or 16) input rows, the shape of row_kernel.c: each
  * group of the tile is dequantized into a buffer on the stack (in L1), then each of its
  * weights is broadcast against a vector of the rows' values at that position, so nothing is
  * summed across a vector. x here is transposed, (h, L), in the 4-bit block order. */
@@ -276,8 +276,8 @@
     QSEQ(k1_##SUFFIX, ATTR, W, BITS, BYTES, G)                                                \
     QKERNEL(k2x2_##SUFFIX, ATTR, W, 2, 2, BITS, BYTES, G)                                     \
     QKERNEL(k2x1_##SUFFIX, ATTR, W, 2, 1, BITS, BYTES, G)                                     \
-    QTILE(t4x8_##SUFFIX, ATTR, W, 4, 8, BITS, BYTES, G)                                       \
-    QTILE(t4x1_##SUFFIX, ATTR, W, 4, 1, BITS, BYTES, G)                                       \
+    QKERNEL(k4x2_##SUFFIX, ATTR, W, 4, 2, BITS, BYTES, G)                                     \
+    QKERNEL(k4x1_##SUFFIX, ATTR, W, 4, 1, BITS, BYTES, G)                                     \
     QTILE(t8x8_##SUFFIX, ATTR, W, 8, 8, BITS, BYTES, G)                                       \
     QTILE(t8x1_##SUFFIX, ATTR, W, 8, 1, BITS, BYTES, G)                                       \
     QTILE(t16x8_##SUFFIX, ATTR, W, 16, 8, BITS, BYTES, G)                                     \
@@ -298,7 +298,13 @@
             for (; j < j1; j++)                                                               \
                 k2x1_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups, 0);                      \
             break;                                                                            \
-        TILES(4, SUFFIX)                                                                      \
+        case 4:                                                                               \
+            for (; j + 2 <= j1; j += 2)                                                       \
+                k4x2_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups,                          \
+                              j + 2 + AHEAD_ROWS <= j1);                                      \
+            for (; j < j1; j++)                                                               \
+                k4x1_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups, 0);                      \
+            break;                                                                            \
         TILES(8, SUFFIX)                                                                      \
         TILES(16, SUFFIX)                                                                     \
         }                                                                                     \
@@ -374,8 +380,8 @@ int mlxr_quant_width(void)
 }
 
 /* out[c * v + j] for rows c < b and weight rows j0 <= j < j1. q: (v, h * bits / 8) bytes;
- * scales, biases: (v, h / group) float32, group 32, 64 or 128. x: float32, for lanes 1 or 2
- * (lanes, h), else (h, lanes) with lanes 4, 8 or 16; rows past b zero; for 4 bits the
+ * scales, biases: (v, h / group) float32, group 32, 64 or 128. x: float32, for lanes 1, 2 or
+ * 4 (lanes, h), for 8 or 16 (h, lanes); rows past b zero; for 4 bits the
  * positions in the even/odd block order above. Returns 0, or -1 for arguments it does not
  * take. */
 static int refused(int bits, long h, int group, int lanes, long v, int b, long j0, long j1)
