@@ -297,31 +297,21 @@
         case 1:                                                                               \
             k1_##SUFFIX(q, h, sc, bi, x, out, j0, j1);                                        \
             break;                                                                            \
-        case 2:                                                                               \
-            for (; j + 2 <= j1; j += 2)                                                       \
-                k2x2_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups,                          \
-                              j + 2 + AHEAD_ROWS <= j1);                                      \
-            for (; j < j1; j++)                                                               \
-                k2x1_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups, 0);                      \
-            break;                                                                            \
-        case 4:                                                                               \
-            for (; j + 2 <= j1; j += 2)                                                       \
-                k4x2_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups,                          \
-                              j + 2 + AHEAD_ROWS <= j1);                                      \
-            for (; j < j1; j++)                                                               \
-                k4x1_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups, 0);                      \
-            break;                                                                            \
-        TILES(8, SUFFIX)                                                                      \
-        TILES(16, SUFFIX)                                                                     \
+        CASE(k, 2, 2, SUFFIX)                                                                 \
+        CASE(k, 4, 2, SUFFIX)                                                                 \
+        CASE(t, 8, 8, SUFFIX)                                                                 \
+        CASE(t, 16, 8, SUFFIX)                                                                \
         }                                                                                     \
     }
-#define TILES(L, SUFFIX)                                                                      \
+/* L input rows: the KIND (k: along the weight rows, t: tiles) kernel of T weight rows a step,
+ * then one weight row at a time for the rest. */
+#define CASE(KIND, L, T, SUFFIX)                                                              \
     case L:                                                                                   \
-        for (; j + 8 <= j1; j += 8)                                                           \
-            t##L##x8_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups,                          \
-                              j + 8 + AHEAD_ROWS <= j1);                                      \
+        for (; j + T <= j1; j += T)                                                           \
+            KIND##L##x##T##_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups,                   \
+                                     j + T + AHEAD_ROWS <= j1);                               \
         for (; j < j1; j++)                                                                   \
-            t##L##x1_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups, 0);                      \
+            KIND##L##x1_##SUFFIX(q, h, sc, bi, x, out, v, b, j, groups, 0);                   \
         break;
 
 /* The kernels of one width and bit count for each group size, and the driver that picks by
