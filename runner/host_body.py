@@ -37,6 +37,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, openblas_sgemm, openblas_sgemv
 from mlxr.runner.host_ops import Gemm, RopeTables
 from mlxr.runner.host_swiglu import silu_times
+from mlxr.runner.kv.attend_kernel import AttendKernel
 from mlxr.runner.kv.host_attention import attend_position
 from mlxr.runner.quant_kernel import OneRow, QuantKernel, QuantizedWeight
 from mlxr.runner.row_kernel import RowKernel
@@ -242,7 +243,8 @@ class _Rotations:
 class HostBody:
     def __init__(self, embed: np.ndarray | QuantizedWeight, layers: list[_Layer], norm: tuple,
                  rotations: _Rotations, weights: list[mx.array], library: str | None = None,
-                 kernel: RowKernel | None = None, quant: QuantKernel | None = None):
+                 kernel: RowKernel | None = None, quant: QuantKernel | None = None,
+                 attend: AttendKernel | None = None):
         self._weights = weights  # keep the buffers the numpy views point into alive
         self.embed = embed  # rows by token id (a QuantizedWeight dequantizes them)
         self.quantized = quant is not None  # some weights are read by the quantized kernel
@@ -255,6 +257,7 @@ class HostBody:
         self.rotations = rotations
         self.head_dim = layers[0].q[0].shape[0] // layers[0].heads
         self.gemm = Gemm(openblas_sgemm(library), kernel, quant)
+        self.attend_kernel = attend  # one position's attention in C, else numpy's
         try:  # per-position tables for many rows (and prefill chunks), where the rope allows
             self.rope_tables: RopeTables | None = RopeTables(rotations)
         except ValueError as exc:
@@ -301,7 +304,8 @@ class HostBody:
                 for at in (1, 4099):
                     if not np.array_equal(other.make(at, 1), rotations.make(at, 1)):
                         return None
-            host = cls(table, parsed, norm, rotations, weights, library, kernel, quant)
+            host = cls(table, parsed, norm, rotations, weights, library, kernel, quant,
+                       AttendKernel.load())
             return host if host.matches(model) else None
         except Exception as exc:  # a rope or layer this code does not read
             log.info("decode body in numpy does not apply (%s)", exc)
@@ -357,13 +361,23 @@ class HostBody:
             for j, row in enumerate(rows):
                 row.keys[i][-1][:, -1] = k[j]
                 row.values[i][-1][:, -1] = v[j]
-                attended[j] = attend_position(q[j], row.keys[i], row.values[i],
-                                              group, gemm).reshape(-1)
+                attended[j] = self._attend(q[j], row.keys[i], row.values[i],
+                                           group).reshape(-1)
             h = h + gemm.linear(attended, layer.o)
             x = rms_norm(h, layer.mlp_norm)
             h = h + gemm.linear(silu_times(gemm.linear(x, layer.gate),
                                            gemm.linear(x, layer.up)), layer.down)
         return rms_norm(h, self.norm)
+
+    def _attend(self, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
+                group: int) -> np.ndarray:
+        """One position's attention (runner/kv/host_attention.py `attend_position`): in C
+        where the kernel is built and takes the pieces, else in numpy."""
+        if self.attend_kernel is not None:
+            out = self.attend_kernel(q, keys, values, group)
+            if out is not None:
+                return out
+        return attend_position(q, keys, values, group, self.gemm)
 
     def _row(self, row: HostRow) -> np.ndarray:
         d = self.head_dim
@@ -382,8 +396,8 @@ class HostBody:
             keys, values = row.keys[i], row.values[i]
             keys[-1][:, -1] = k
             values[-1][:, -1] = v
-            attended = attend_position(q * layer.scale, keys, values,
-                                       layer.heads // layer.kv_heads, self.gemm)
+            attended = self._attend(q * layer.scale, keys, values,
+                                    layer.heads // layer.kv_heads)
             h = h + self._project(attended.reshape(-1), layer.o)
             x = rms_norm(h, layer.mlp_norm)
             mixed = silu_times(self._project(x, layer.gate), self._project(x, layer.up))

@@ -26,6 +26,7 @@ from pathlib import Path
 COMPILE_TIMEOUT_S = 120.0
 ROW_KERNEL_SOURCE = Path(__file__).resolve().parent / "assets" / "row_kernel.c"
 ROW_KERNEL_FLAGS = ["-O3"]
+ATTEND_KERNEL_SOURCE = ROW_KERNEL_SOURCE.with_name("attend_kernel.c")
 QUANT_KERNEL_SOURCE = ROW_KERNEL_SOURCE.with_name("quant_kernel.c")
 QUANT_KERNEL_FLAGS = ["-O3", "-pthread"]
 
@@ -89,11 +90,22 @@ def cached_library(source: Path, cache_dir: Path, flags: list[str]) -> tuple[Pat
 
 def row_kernel_library(cache_dir: Path) -> tuple[Path | None, str]:
     """The row kernel's library (runner/row_kernel.py), built if need be: (path, "") or
-    (None, why not). A compiler without target clones gets the plain C build."""
-    path, why = cached_library(ROW_KERNEL_SOURCE, cache_dir, ROW_KERNEL_FLAGS)
+    (None, why not)."""
+    return _cloned_library(ROW_KERNEL_SOURCE, cache_dir)
+
+
+def attend_kernel_library(cache_dir: Path) -> tuple[Path | None, str]:
+    """The one-position attention kernel's library (runner/kv/attend_kernel.py), built if
+    need be: (path, "") or (None, why not)."""
+    return _cloned_library(ATTEND_KERNEL_SOURCE, cache_dir)
+
+
+def _cloned_library(source: Path, cache_dir: Path) -> tuple[Path | None, str]:
+    """A source whose entry point GCC clones per x86-64 level; a compiler without target
+    clones gets the plain C build."""
+    path, why = cached_library(source, cache_dir, ROW_KERNEL_FLAGS)
     if path is None and "target_clones" in why:
-        path, why = cached_library(ROW_KERNEL_SOURCE, cache_dir,
-                                   ROW_KERNEL_FLAGS + ["-DMLXR_NO_CLONES"])
+        path, why = cached_library(source, cache_dir, ROW_KERNEL_FLAGS + ["-DMLXR_NO_CLONES"])
     return path, why
 
 

@@ -35,9 +35,10 @@ def settings_from(host: str | None = None, models: str | None = None, **override
 @click.option("--reprobe", is_flag=True, help="probe every BLAS candidate again")
 def doctor(reprobe) -> None:
     """Show which BLAS runners preload here and why: each candidate's probe verdict; and
-    whether the row kernel and the quantized kernel build."""
+    whether the row kernel, the attention kernel and the quantized kernel build."""
     from mlxr.shared.blas import choose, cpu_key
-    from mlxr.shared.native import quant_kernel_library, row_kernel_library
+    from mlxr.shared.native import (attend_kernel_library, quant_kernel_library,
+                                    row_kernel_library)
 
     settings = settings_from()
     choice = choose(settings.blas, settings.cache_dir, reprobe=reprobe)
@@ -57,6 +58,9 @@ def doctor(reprobe) -> None:
     kernel, why = row_kernel_library(settings.cache_dir)
     click.echo(f"row kernel (the decode step's products on a CPU): {kernel}" if kernel else
                f"row kernel: not built ({why}); runners keep OpenBLAS and MLX")
+    kernel, why = attend_kernel_library(settings.cache_dir)
+    click.echo(f"attention kernel (one decode position on a CPU): {kernel}" if kernel else
+               f"attention kernel: not built ({why}); runners attend in numpy")
     kernel, why = quant_kernel_library(settings.cache_dir)
     click.echo(f"quantized kernel (4- and 8-bit weights as stored, on a CPU): {kernel}"
                if kernel else f"quantized kernel: not built ({why}); runners widen quantized "

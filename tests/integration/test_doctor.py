@@ -1,5 +1,6 @@
 """`mlxr doctor`: the BLAS choice (its probing stubbed here: tests/unit/shared/test_blas_choice.py
-covers it) and whether the row kernel and the quantized kernel build on this machine."""
+covers it) and whether the row kernel, the attention kernel and the quantized kernel build on
+this machine."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ def test_doctor_builds_and_names_the_row_kernel(tmp_path, monkeypatch):
     built = list(tmp_path.glob("row_kernel-*.so"))
     assert len(built) == 1  # `make test` machines have a C compiler
     assert f"row kernel (the decode step's products on a CPU): {built[0]}" in out
+    attend = list(tmp_path.glob("attend_kernel-*.so"))
+    assert len(attend) == 1
+    assert f"attention kernel (one decode position on a CPU): {attend[0]}" in out
     quant = list(tmp_path.glob("quant_kernel-*.so"))
     assert len(quant) == 1
     assert f"quantized kernel (4- and 8-bit weights as stored, on a CPU): {quant[0]}" in out
@@ -33,6 +37,7 @@ def test_doctor_says_why_there_is_no_row_kernel(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "compiler", lambda: None)
     out = run_doctor(tmp_path, monkeypatch)
     assert "row kernel: not built (no C compiler); runners keep OpenBLAS and MLX" in out
+    assert "attention kernel: not built (no C compiler); runners attend in numpy" in out
     assert "quantized kernel: not built (no C compiler); runners widen quantized weights " \
         "to float32 where they fit" in out
     assert not list(tmp_path.glob("*.so"))

@@ -21,3 +21,12 @@ def test_every_package_folder_is_listed():
     # __init__.py)
     for name in listed:
         assert ROOT.joinpath(*name.split(".")[1:]).is_dir(), name
+
+
+def test_every_c_source_the_runners_build_is_shipped():
+    # the kernels are compiled on the user's machine from these files: a source left out of
+    # the package data builds nothing in a plain install (quant_kernel.c once was)
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    patterns = setup["package-data"]["mlxr.shared.assets"]
+    for source in (ROOT / "shared" / "assets").glob("*.c"):
+        assert any(source.match(p) for p in patterns), source.name

@@ -1,0 +1,107 @@
+"""One decode position's attention over a row's float32 keys and values in C
+(shared/assets/attend_kernel.c), for the numpy decode body (runner/host_body.py).
+
+numpy's version (runner/kv/host_attention.py `attend_position`) makes two products a key head
+and piece and three passes for the softmax. At a few hundred positions that was call overhead;
+at a few thousand it read the keys and values at about a third of this kernel's speed. A 0.6B
+model's decode step at 3,000 positions took 179 ms, of which about 140 were attention
+(docs/PERFORMANCE.md, "Attention for one position in C").
+
+The key heads are split across the cores once a call reads more than SPLIT_FLOATS of keys
+and values; the calls into C let go of the interpreter lock (ctypes).
+
+Where there is no C compiler or the build fails, `AttendKernel.load` returns None and the body
+keeps numpy's attention. `__call__` returns None for pieces it does not take (not float32, or
+rows of a piece not contiguous), and the caller then does the same.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from mlxr.runner import host_parallel
+from mlxr.shared import native
+
+log = logging.getLogger("mlxr.runner")
+
+MAX_GROUP = 64  # query heads a key head serves (the C side's limit)
+# From this many floats of keys and values a call is split across the cores: below it a
+# thread hand-off (tens of microseconds) costs more than the half it saves.
+SPLIT_FLOATS = 1 << 20
+
+
+class AttendKernel:
+    def __init__(self, fn):
+        self._fn = fn
+
+    @classmethod
+    @functools.lru_cache(maxsize=1)
+    def load(cls, cache_dir: Path | None = None) -> "AttendKernel | None":
+        """The kernel, built into `cache_dir` (default: the settings' cache directory) if
+        need be; None where it cannot be built or loaded (logged)."""
+        if cache_dir is None:
+            from mlxr.shared.config import Settings
+
+            cache_dir = Settings.from_env().cache_dir
+        path, why = native.attend_kernel_library(cache_dir)
+        if path is None:
+            log.info("attention kernel not built (%s); using numpy", why)
+            return None
+        try:
+            fn = ctypes.CDLL(str(path)).mlxr_attend_position
+        except (OSError, AttributeError) as exc:
+            log.info("attention kernel did not load (%s)", exc)
+            return None
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
+                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
+                       ctypes.c_long, ctypes.c_long]
+        return cls(fn)
+
+    def __call__(self, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
+                 group: int) -> np.ndarray | None:
+        """`attend_position(q, keys, values, group)`: q (heads, dim) already scaled; keys and
+        values pieces (kv_heads, n, dim) in position order. (heads, dim), or None where a
+        piece is not laid out as the kernel reads it."""
+        kv_heads, dim = keys[0].shape[0], q.shape[-1]
+        if not 1 <= group <= MAX_GROUP or dim % 8 or q.dtype != np.float32:
+            return None
+        pieces = len(keys)
+        entries = [0] * (5 * pieces)  # addresses of keys, of values; lengths; head strides
+        for i, (k, v) in enumerate(zip(keys, values)):
+            if not (_rows(k, kv_heads, dim) and _rows(v, kv_heads, dim)) or \
+                    k.shape[1] != v.shape[1]:
+                return None
+            entries[i], entries[pieces + i] = k.ctypes.data, v.ctypes.data
+            entries[2 * pieces + i] = k.shape[1]
+            entries[3 * pieces + i], entries[4 * pieces + i] = k.strides[0] >> 2, v.strides[0] >> 2
+        positions = sum(entries[2 * pieces:3 * pieces])
+        table = np.array(entries, dtype=np.int64)
+        q = np.ascontiguousarray(q)
+        heads = kv_heads * group
+        space = np.empty(heads * (dim + positions), dtype=np.float32)  # out, then the scores
+        fn, qp, tp, op = self._fn, q.ctypes.data, table.ctypes.data, space.ctypes.data
+        sp = op + 4 * heads * dim
+
+        def part(a: int, z: int) -> None:
+            if fn(qp, group, dim, pieces, tp, sp, positions, op, a, z) != 0:
+                raise ValueError("attention kernel refused its arguments")
+
+        floats = 2 * kv_heads * positions * dim
+        if floats < SPLIT_FLOATS:
+            part(0, kv_heads)
+        else:
+            host_parallel.for_rows(kv_heads, floats, part)
+        return space[:heads * dim].reshape(heads, dim)
+
+
+def _rows(piece: np.ndarray, kv_heads: int, dim: int) -> bool:
+    """Is `piece` float32 (kv_heads, n, dim) with each position's dim floats contiguous?"""
+    return piece.dtype == np.float32 and piece.ndim == 3 and piece.shape[0] == kv_heads and \
+        piece.shape[2] == dim and piece.strides[2] == 4 and piece.strides[1] == 4 * dim and \
+        piece.strides[0] % 4 == 0
