@@ -23,6 +23,7 @@ chunk's n positions; nothing else writes those positions during the call. Used o
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -34,6 +35,18 @@ from mlxr.runner.kv.host_attention import future_mask, softmax_rows
 log = logging.getLogger("mlxr.runner")
 
 MAX_TOKENS = 1024  # longer chunks take MLX's pass
+GROUP_TOKENS = 4096  # several chunks' positions in one pass (`chunks`), at most
+
+
+@dataclass(slots=True)
+class Chunk:
+    """A row's chunk: its tokens at positions start.., and its context's pieces per layer,
+    as `HostPrefill.__call__` takes them."""
+
+    tokens: list[int]
+    start: int
+    keys: list[list[np.ndarray]]
+    values: list[list[np.ndarray]]
 
 
 class HostPrefill:
@@ -86,32 +99,53 @@ class HostPrefill:
         """The chunk's last hidden state (hidden,) after the final norm (`every`: all its
         positions', (n, hidden)); writes the chunk's keys and values (positions start ..
         start + n - 1) into each layer's last pieces."""
+        out = self.chunks([Chunk(tokens, start, keys, values)], every)
+        return out if every else out[0]
+
+    def chunks(self, chunks: list["Chunk"], every: bool = False) -> np.ndarray:
+        """Several rows' chunks in one pass: each layer's products over all their positions
+        at once (a quantized weight is then dequantized once for all of them, not once a
+        chunk), attention chunk by chunk over its own row. Each chunk's last hidden state
+        after the final norm, (chunks, hidden) (`every`: all positions', (total, hidden));
+        writes each chunk's keys and values as `__call__` does."""
         body, gemm = self.body, self._gemm
-        n, d = len(tokens), body.head_dim
-        diag, off = self.rope.tables(start, n)
-        h = body.embed[np.asarray(tokens)]
-        last = len(body.layers) - 1
+        d = body.head_dim
+        counts = [len(c.tokens) for c in chunks]
+        bounds = np.cumsum([0] + counts)
+        ends = bounds[1:] - 1  # each chunk's last row
+        tables = [self.rope.tables(c.start, n) for c, n in zip(chunks, counts)]
+        diag, off = (tables[0] if len(chunks) == 1 else
+                     [np.concatenate(t) for t in zip(*tables)])
+        h = body.embed[np.concatenate([np.asarray(c.tokens) for c in chunks])]
+        total, last = int(bounds[-1]), len(body.layers) - 1
         for i, layer in enumerate(body.layers):
             x = rms_norm(h, layer.attn_norm)
-            k = gemm.linear(x, layer.k).reshape(n, layer.kv_heads, d)
-            v = gemm.linear(x, layer.v).reshape(n, layer.kv_heads, d)
-            if i == last and not every:  # only the last position goes on from here
-                x, h = x[-1:], h[-1:]
+            k = gemm.linear(x, layer.k).reshape(total, layer.kv_heads, d)
+            v = gemm.linear(x, layer.v).reshape(total, layer.kv_heads, d)
+            if layer.k_norm is not None:
+                k = rms_norm(k, layer.k_norm)
+            k = self.rope.apply(k, diag, off)
+            final = i == last and not every  # only each chunk's last position goes on
+            if final:
+                x, h = x[ends], h[ends]
             q = gemm.linear(x, layer.q).reshape(x.shape[0], layer.heads, d)
             if layer.q_norm is not None:
                 q = rms_norm(q, layer.q_norm)
-            if layer.k_norm is not None:
-                k = rms_norm(k, layer.k_norm)
-            q = self.rope.apply(q, diag[-q.shape[0]:], off[-q.shape[0]:])
-            k = self.rope.apply(k, diag, off)
-            keys[i][-1][:, -n:] = k.transpose(1, 0, 2)
-            values[i][-1][:, -n:] = v.transpose(1, 0, 2)
-            attended = self._attend(q, keys[i], values[i], layer.scale, n)
+            q = self.rope.apply(q, diag[ends], off[ends]) if final else \
+                self.rope.apply(q, diag, off)
+            attended = []
+            for j, (c, n) in enumerate(zip(chunks, counts)):
+                a, b = bounds[j], bounds[j + 1]
+                c.keys[i][-1][:, -n:] = k[a:b].transpose(1, 0, 2)
+                c.values[i][-1][:, -n:] = v[a:b].transpose(1, 0, 2)
+                attended.append(self._attend(q[j:j + 1] if final else q[a:b], c.keys[i],
+                                             c.values[i], layer.scale, n))
+            attended = attended[0] if len(attended) == 1 else np.concatenate(attended)
             h = h + gemm.linear(attended, layer.o)
             x = rms_norm(h, layer.mlp_norm)
             h = h + gemm.linear(silu_times(gemm.linear(x, layer.gate),
                                            gemm.linear(x, layer.up)), layer.down)
-        return rms_norm(h if every else h[-1], body.norm)
+        return rms_norm(h, body.norm)
 
     def hidden_states(self, tokens: list[int], chunk: int) -> np.ndarray:
         """Every position's last hidden state (n, hidden) after the final norm, for a prompt

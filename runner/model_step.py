@@ -28,7 +28,8 @@ from mlxr.runner import host_swiglu
 from mlxr.runner.architectures import logit_transform
 from mlxr.runner.host_body import BATCH_MAX_ROWS as HOST_BATCH_MAX_ROWS
 from mlxr.runner.host_body import MAX_ROWS as HOST_BODY_MAX_ROWS, HostBody
-from mlxr.runner.host_prefill import MAX_TOKENS as HOST_PREFILL_MAX_TOKENS, HostPrefill
+from mlxr.runner.host_prefill import GROUP_TOKENS as HOST_PREFILL_GROUP_TOKENS
+from mlxr.runner.host_prefill import MAX_TOKENS as HOST_PREFILL_MAX_TOKENS, Chunk, HostPrefill
 from mlxr.runner.host_head import HostHead
 from mlxr.runner.kv import bucketed_attention
 from mlxr.runner.kv import rows as kv_rows
@@ -237,6 +238,9 @@ class ModelStep:
         """Build (and, where it attends in numpy, compute) the plan's prefill chunks. With
         `ends` (a list), a prompt's last chunk leaves its final hidden state there for
         `_shared_head`, instead of taking its own head and sampling."""
+        if len(plan.prefills) > 1 and self.host_body is not None and \
+                self.host_body.quantized and self._host_prefill(plan.prefills, outputs, ends):
+            return
         if not self._can_group(plan.prefills):
             for chunk in plan.prefills:
                 self._prefill_one(chunk, outputs, ends)
@@ -249,7 +253,7 @@ class ModelStep:
 
     def _prefill_one(self, chunk, outputs: list, ends: list | None) -> None:
         seq = chunk.seq
-        if self._host_prefill(chunk, outputs, ends):
+        if self._host_prefill([chunk], outputs, ends):
             return
         caches = self.kv.prefill_cache(seq)
         inputs = mx.array([seq.all_tokens[chunk.start:chunk.end]], dtype=mx.int32)
@@ -272,28 +276,35 @@ class ModelStep:
                 self.model(inputs, cache=caches, **extra)
         self.kv.advance([seq], chunk.end - chunk.start)
 
-    def _host_prefill(self, chunk, outputs: list, ends: list | None) -> bool:
-        """Run a text chunk's body in numpy (runner/host_prefill.py) where that applies;
-        False where it does not (the caller builds the MLX pass)."""
-        seq = chunk.seq
-        count = chunk.end - chunk.start
-        if self.host_prefill is None or seq.vision is not None or self.lockstep or \
-                count > HOST_PREFILL_MAX_TOKENS:
+    def _host_prefill(self, chunks: list, outputs: list, ends: list | None) -> bool:
+        """Run text chunks' bodies in numpy, in one pass (runner/host_prefill.py) where that
+        applies; False where it does not (the caller builds the MLX pass). Several chunks
+        go together only for weights on the quantized kernel: each pass over many positions
+        dequantizes every weight, and sixteen prompts arriving at once paid that sixteen
+        times (MLX's own grouped pass serves float32 weights)."""
+        counts = [c.end - c.start for c in chunks]
+        if self.host_prefill is None or self.lockstep or max(counts) > HOST_PREFILL_MAX_TOKENS \
+                or sum(counts) > HOST_PREFILL_GROUP_TOKENS or \
+                any(c.seq.vision is not None for c in chunks):
             return False
         body = self.host_body
         layer = body.layers[0]
-        context = self.kv.host_chunk(seq, count, layer.kv_heads, body.head_dim)
-        if context is None:
-            return False
-        hidden = self.host_prefill(seq.all_tokens[chunk.start:chunk.end], chunk.start,
-                                   *context)
-        self.kv.advance([seq], count)
-        if chunk.is_last:
-            hidden = mx.array(hidden[None])
-            if ends is not None:
-                ends.append((seq, hidden))
-            else:
-                outputs.append(([seq], self._sample(self._head(hidden), [seq])))
+        parts = []
+        for chunk, count in zip(chunks, counts):
+            context = self.kv.host_chunk(chunk.seq, count, layer.kv_heads, body.head_dim)
+            if context is None:
+                return False
+            parts.append(Chunk(chunk.seq.all_tokens[chunk.start:chunk.end], chunk.start,
+                               *context))
+        hidden = self.host_prefill.chunks(parts)
+        for chunk, count in zip(chunks, counts):
+            self.kv.advance([chunk.seq], count)
+        done = [j for j, chunk in enumerate(chunks) if chunk.is_last]
+        if ends is not None:
+            ends.extend((chunks[j].seq, mx.array(hidden[j][None])) for j in done)
+        elif done:  # one head call for every prompt these chunks end
+            seqs = [chunks[j].seq for j in done]
+            outputs.append((seqs, self._sample(self._head(mx.array(hidden[done])), seqs)))
         return True
 
     def _can_group(self, chunks: list) -> bool:

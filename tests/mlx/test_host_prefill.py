@@ -168,8 +168,9 @@ def test_the_model_step_reads_chunks_in_numpy_beside_decoding_rows(arch_models, 
     step = ModelStep(model, 0, lambda token: "")
     assert step.host_prefill is not None
     read: list[int] = []
-    host = step.host_prefill
-    step.host_prefill = lambda tokens, *rest: read.append(len(tokens)) or host(tokens, *rest)
+    real = step.host_prefill.chunks
+    monkeypatch.setattr(step.host_prefill, "chunks", lambda parts, *rest: read.extend(
+        len(p.tokens) for p in parts) or real(parts, *rest))
     scheduler = Scheduler(SchedulerConfig(prefill_chunk=64, min_prefill_chunk=64),
                           step.make_pool(512, 16), admit=step.admit, eos_token_ids=set())
     prompts = [[(7 * i + 3 * k) % 500 + 2 for i in range(length)]

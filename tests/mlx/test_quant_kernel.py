@@ -1,8 +1,8 @@
 """The quantized kernel (runner/quant_kernel.py, shared/assets/quant_kernel.c): its products
 against the dequantized weight's for every bit count, group size, row count and vector width
 this CPU runs, and for the plain C build; its dequantization and embedding rows equal to
-MLX's; which layers it takes; and decoding a quantized model through it (body, head, prefill)
-giving mlx-lm's greedy tokens for that model."""
+MLX's; which layers it takes; and decoding a quantized model through it (body, head, prefill,
+prompts arriving together read in one pass) giving mlx-lm's greedy tokens for that model."""
 
 from __future__ import annotations
 
@@ -177,9 +177,18 @@ def test_decoding_a_quantized_model_gives_mlx_lms_greedy_tokens(tiny_model, kern
                     or product(kernel, w, x, o),
                     "dequantize": lambda self, w, o: calls.append("dequantized")
                     or kernel.dequantize(w, o)})()
+    passes = []
+    chunks = step.host_prefill.chunks
+    monkeypatch.setattr(step.host_prefill, "chunks", lambda parts, *rest: passes.append(
+        [len(p.tokens) for p in parts]) or chunks(parts, *rest))
     seqs = five_greedy_rows(step)
     assert [s.output_tokens for s in seqs] == [
         mlx_lm_greedy(model, s.prompt_tokens, 6 + i) for i, s in enumerate(seqs)]
+    # the five prompts arrive together: one numpy pass over all their positions, each
+    # weight dequantized once for them, not once a prompt (the last layer's keys and values
+    # only: its other products read the five last positions, on the kernel)
+    assert passes[0] == [9, 16, 23, 30, 37]
+    assert calls.count("dequantized") == 7 * (len(model.layers) - 1) + 2
     assert {1, 5, 3}.issubset(calls) and "dequantized" in calls and 9 not in calls
     assert len(one_rows) >= 7 * 2  # a layer's seven products, two layers, a one-row step
 
