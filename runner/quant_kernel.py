@@ -127,11 +127,14 @@ def lanes_for(rows: int) -> int:
 
 
 class QuantKernel:
-    def __init__(self, fn, width: int, dequantize, use_width):
+    def __init__(self, fn, width: int, dequantize, use_width, parts=None):
         self._fn = fn
         self._dequantize = dequantize
         self._use_width = use_width
         self.width = width  # floats a vector on this CPU: 16, 8 or 4
+        # mlxr_parts(job, args, n, parts): another library's job over [0, n) on this
+        # library's workers (runner/kv/attend_kernel.py)
+        self.parts = parts
 
     def use_width(self, want: int) -> int:
         """Use the widest copy of the kernel of at most `want` floats a vector that this CPU
@@ -161,7 +164,7 @@ class QuantKernel:
             lib = ctypes.CDLL(str(path))
             fn, width, use_width = lib.mlxr_quant_rows_parts, lib.mlxr_quant_width, \
                 lib.mlxr_quant_use_width
-            dequantize = lib.mlxr_quant_dequantize
+            dequantize, parts = lib.mlxr_quant_dequantize, lib.mlxr_parts
         except (OSError, AttributeError) as exc:
             log.info("quantized kernel did not load (%s)", exc)
             return None
@@ -176,7 +179,9 @@ class QuantKernel:
         dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.c_long, ctypes.c_long]
-        return cls(fn, width(), dequantize, use_width)
+        parts.restype = None
+        parts.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+        return cls(fn, width(), dequantize, use_width, parts)
 
     def dequantize(self, weight: QuantizedWeight, out: np.ndarray) -> None:
         """out (out, in), C-contiguous float32 = the weight's values, as `mx.dequantize`

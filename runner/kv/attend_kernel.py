@@ -7,8 +7,12 @@ at a few thousand it read the keys and values at about a third of this kernel's 
 model's decode step at 3,000 positions took 179 ms, of which about 140 were attention
 (docs/PERFORMANCE.md, "Attention for one position in C").
 
-The key heads are split across the cores once a call reads more than SPLIT_FLOATS of keys
-and values; the calls into C let go of the interpreter lock (ctypes).
+The key heads are split across the cores by the quantized kernel's workers (`mlxr_parts` in
+shared/assets/quant_kernel.c: one pool of spinning threads, not a second one beside it) once a
+call reads POOL_FLOATS of keys and values; a step's layers come every few tens of
+microseconds, so a hand-off there costs a few. Where that library is not built, Python's
+threads split it from SPLIT_FLOATS (a hand-off of tens of microseconds). The calls into C let
+go of the interpreter lock (ctypes).
 
 Where there is no C compiler or the build fails, `AttendKernel.load` returns None and the body
 keeps numpy's attention. `__call__` returns None for pieces it does not take (not float32, or
@@ -25,19 +29,25 @@ from pathlib import Path
 import numpy as np
 
 from mlxr.runner import host_parallel
+from mlxr.runner.quant_kernel import QuantKernel
 from mlxr.shared import native
 
 log = logging.getLogger("mlxr.runner")
 
 MAX_GROUP = 64  # query heads a key head serves (the C side's limit)
-# From this many floats of keys and values a call is split across the cores: below it a
-# thread hand-off (tens of microseconds) costs more than the half it saves.
+# From this many floats of keys and values a call is split across the cores: by the quantized
+# kernel's workers (28 layers of 8 key heads of 128 at 256 positions, each layer's context in
+# memory: 6.1 -> 2.7 ms a token on two cores); where they are not there, by Python's threads,
+# whose hand-off costs more than the half it saves below SPLIT_FLOATS.
+POOL_FLOATS = 1 << 15
 SPLIT_FLOATS = 1 << 20
 
 
 class AttendKernel:
-    def __init__(self, fn):
+    def __init__(self, fn, job: int | None = None, parts=None):
         self._fn = fn
+        self._job = job  # the address of mlxr_attend_heads, a job for `parts`
+        self._parts = parts  # the quantized kernel's mlxr_parts, or None
 
     @classmethod
     @functools.lru_cache(maxsize=1)
@@ -53,7 +63,8 @@ class AttendKernel:
             log.info("attention kernel not built (%s); using numpy", why)
             return None
         try:
-            fn = ctypes.CDLL(str(path)).mlxr_attend_position
+            lib = ctypes.CDLL(str(path))
+            fn, job = lib.mlxr_attend_position, lib.mlxr_attend_heads
         except (OSError, AttributeError) as exc:
             log.info("attention kernel did not load (%s)", exc)
             return None
@@ -61,7 +72,10 @@ class AttendKernel:
         fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
                        ctypes.c_long, ctypes.c_long]
-        return cls(fn)
+        pool = QuantKernel.load(cache_dir)
+        if pool is None:
+            return cls(fn)
+        return cls(fn, ctypes.cast(job, ctypes.c_void_p).value, pool.parts)
 
     def __call__(self, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
                  group: int) -> np.ndarray | None:
@@ -87,12 +101,18 @@ class AttendKernel:
         space = np.empty(heads * (dim + positions), dtype=np.float32)  # out, then the scores
         fn, qp, tp, op = self._fn, q.ctypes.data, table.ctypes.data, space.ctypes.data
         sp = op + 4 * heads * dim
+        floats = 2 * kv_heads * positions * dim
+        if self._parts is not None and floats >= POOL_FLOATS:
+            args = np.array([qp, group, dim, pieces, tp, sp, positions, op, 0], dtype=np.int64)
+            self._parts(self._job, args.ctypes.data, kv_heads, host_parallel.workers())
+            if args[8] != 0:
+                raise ValueError("attention kernel refused its arguments")
+            return space[:heads * dim].reshape(heads, dim)
 
         def part(a: int, z: int) -> None:
             if fn(qp, group, dim, pieces, tp, sp, positions, op, a, z) != 0:
                 raise ValueError("attention kernel refused its arguments")
 
-        floats = 2 * kv_heads * positions * dim
         if floats < SPLIT_FLOATS:
             part(0, kv_heads)
         else:

@@ -245,3 +245,15 @@ int mlxr_attend_position(const float *q, long group, long dim, long pieces,
     }
     return 0;
 }
+
+/* `mlxr_attend_position` for key heads h0..h1 as a job of the quantized kernel's workers
+ * (`mlxr_parts` in quant_kernel.c): args are int64s, q, group, dim, pieces, table, scores,
+ * positions, out, then a status that a refusal sets to -1. */
+void mlxr_attend_heads(const void *args, long h0, long h1)
+{
+    int64_t *a = (int64_t *)args;
+    if (mlxr_attend_position((const float *)(intptr_t)a[0], a[1], a[2], a[3],
+                             (const int64_t *)(intptr_t)a[4], (float *)(intptr_t)a[5], a[6],
+                             (float *)(intptr_t)a[7], h0, h1) != 0)
+        __atomic_store_n(&a[8], -1, __ATOMIC_RELAXED);
+}

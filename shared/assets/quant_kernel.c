@@ -431,12 +431,15 @@ int mlxr_quant_rows(const uint8_t *q, int bits, long h, int group, const float *
 #define PAUSE() ((void)0)
 #endif
 
+/* A job: fn(args, a, z) for the range [a, z) of its rows. The workers also run other
+ * libraries' kernels (`mlxr_parts`): one pool, so no second set of threads spins beside
+ * these on the same cores. */
+typedef void (*job_fn)(const void *args, long a, long z);
+
 typedef struct {
-    const uint8_t *q;
-    const float *scales, *biases, *x;
-    float *out;
-    long h, v, j0, j1;
-    int bits, group, lanes, b;
+    job_fn fn;
+    const void *args;
+    long a, z;
 } piece_t;
 
 static struct worker {
@@ -460,8 +463,7 @@ static long now_ns(void)
 
 static void run_piece(const piece_t *p)
 {
-    mlxr_quant_rows(p->q, p->bits, p->h, p->group, p->scales, p->biases, p->x, p->lanes,
-                    p->out, p->v, p->b, p->j0, p->j1);
+    p->fn(p->args, p->a, p->z);
 }
 
 static void *work(void *arg)
@@ -529,6 +531,56 @@ static int start_workers(int n)
     return n;
 }
 
+/* fn over the ranges bounds[i] .. bounds[i + 1], i < parts: all but the last on the
+ * workers, the last on the calling thread; returns once every range is done. The caller
+ * holds caller_mu and has started parts - 1 workers. */
+static void run_parts(job_fn fn, const void *args, const long *bounds, int parts)
+{
+    long posted[MAX_WORKERS];
+    for (int i = 0; i < parts - 1; i++) {
+        struct worker *w = &workers[i];
+        w->piece = (piece_t){fn, args, bounds[i], bounds[i + 1]};
+        posted[i] = atomic_load_explicit(&w->posted, memory_order_relaxed) + 1;
+        atomic_store_explicit(&w->posted, posted[i], memory_order_release);
+        pthread_mutex_lock(&w->mu);
+        if (w->sleeping)
+            pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+    }
+    fn(args, bounds[parts - 1], bounds[parts]);
+    for (int i = 0; i < parts - 1; i++)
+        while (atomic_load_explicit(&workers[i].done, memory_order_acquire) != posted[i])
+            PAUSE();
+}
+
+/* The workers, for up to `parts` ranges with the calling thread: how many ranges to make
+ * (1 where another thread has them, or none start). With more than one, the caller holds
+ * caller_mu and releases it after `run_parts`. */
+static int take_workers(int parts)
+{
+    if (parts <= 1 || pthread_mutex_trylock(&caller_mu) != 0)
+        return 1;
+    parts = start_workers(parts - 1) + 1;
+    if (parts <= 1)
+        pthread_mutex_unlock(&caller_mu);
+    return parts;
+}
+
+typedef struct {
+    const uint8_t *q;
+    const float *scales, *biases, *x;
+    float *out;
+    long h, v;
+    int bits, group, lanes, b;
+} rows_args;
+
+static void rows_job(const void *args, long j0, long j1)
+{
+    const rows_args *p = args;
+    mlxr_quant_rows(p->q, p->bits, p->h, p->group, p->scales, p->biases, p->x, p->lanes,
+                    p->out, p->v, p->b, j0, j1);
+}
+
 /* `mlxr_quant_rows` over [j0, j1) in `parts` ranges (multiples of 8 weight rows), all but the
  * last on the workers, the last on the calling thread; returns once every range is done.
  * Fewer parts where threads cannot be started. */
@@ -539,30 +591,35 @@ int mlxr_quant_rows_parts(const uint8_t *q, int bits, long h, int group, const f
     long tiles = (j1 - j0 + 7) / 8;
     if (parts > tiles)
         parts = (int)tiles;
-    if (parts <= 1 || refused(bits, h, group, lanes, v, b, j0, j1) ||
-        pthread_mutex_trylock(&caller_mu) != 0) /* another thread has them: this one alone */
+    if (refused(bits, h, group, lanes, v, b, j0, j1) || (parts = take_workers(parts)) <= 1)
         return mlxr_quant_rows(q, bits, h, group, scales, biases, x, lanes, out, v, b, j0, j1);
-    parts = start_workers(parts - 1) + 1;
-    long at = j0;
-    long posted[MAX_WORKERS];
-    for (int i = 0; i < parts - 1; i++) {
-        long end = j0 + tiles * (i + 1) / parts * 8;
-        struct worker *w = &workers[i];
-        w->piece = (piece_t){q, scales, biases, x, out, h, v, at, end, bits, group, lanes, b};
-        posted[i] = atomic_load_explicit(&w->posted, memory_order_relaxed) + 1;
-        atomic_store_explicit(&w->posted, posted[i], memory_order_release);
-        pthread_mutex_lock(&w->mu);
-        if (w->sleeping)
-            pthread_cond_signal(&w->cv);
-        pthread_mutex_unlock(&w->mu);
-        at = end;
-    }
-    mlxr_quant_rows(q, bits, h, group, scales, biases, x, lanes, out, v, b, at, j1);
-    for (int i = 0; i < parts - 1; i++)
-        while (atomic_load_explicit(&workers[i].done, memory_order_acquire) != posted[i])
-            PAUSE();
+    rows_args args = {q, scales, biases, x, out, h, v, bits, group, lanes, b};
+    long bounds[MAX_WORKERS + 2];
+    for (int i = 0; i < parts; i++)
+        bounds[i] = j0 + tiles * i / parts * 8;
+    bounds[parts] = j1;
+    run_parts(rows_job, &args, bounds, parts);
     pthread_mutex_unlock(&caller_mu);
     return 0;
+}
+
+/* fn(args, a, z) over [0, n) in up to `parts` nearly equal ranges, on these workers and the
+ * calling thread: for another library's kernel to share this pool (runner/kv/attend_kernel.py
+ * splits a layer's key heads so). Where another thread has the workers, the caller runs
+ * fn(args, 0, n) alone. */
+void mlxr_parts(job_fn fn, const void *args, long n, int parts)
+{
+    if (parts > n)
+        parts = (int)n;
+    if ((parts = take_workers(parts)) <= 1) {
+        fn(args, 0, n);
+        return;
+    }
+    long bounds[MAX_WORKERS + 2];
+    for (int i = 0; i <= parts; i++)
+        bounds[i] = n * i / parts;
+    run_parts(fn, args, bounds, parts);
+    pthread_mutex_unlock(&caller_mu);
 }
 
 /* Rows j0 <= j < j1 of the weight dequantized into out, (v, h) float32, in MLX's order and

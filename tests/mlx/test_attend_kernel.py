@@ -1,8 +1,9 @@
 """One decode position's attention in C (runner/kv/attend_kernel.py,
 shared/assets/attend_kernel.c): against float64 for groups, head sizes, piece splits and
-lengths around its tiles; the same output with its heads split across threads; refusing what
-it does not read (numpy's attention then serves); and the numpy decode body reading a shared
-prefix through it with mlx-lm's greedy tokens."""
+lengths around its tiles; the same output with its heads split across the quantized kernel's
+workers, or Python's threads without them; refusing what it does not read (numpy's attention
+then serves); and the numpy decode body reading a shared prefix through it with mlx-lm's
+greedy tokens."""
 
 from __future__ import annotations
 
@@ -77,11 +78,33 @@ def test_scores_far_apart_keep_the_softmax_exact(kernel):
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
-def test_heads_split_across_threads_give_the_same_output(kernel, monkeypatch):
+def test_heads_split_on_the_quantized_kernels_workers_give_the_same_output(kernel):
     rng = np.random.default_rng(9)
     keys, values = pieces_of(rng, 8, [300, 21], 64)
     q = rng.standard_normal((16, 64), dtype=np.float32) / 8
-    alone = kernel(q, keys, values, 2)
+    assert kernel._parts is not None  # the quantized kernel's library builds here too
+    alone = AttendKernel(kernel._fn)(q, keys, values, 2)  # one call, on this thread
+    calls = []
+    pool = kernel._parts
+    kernel._parts = lambda job, args, n, parts: calls.append((n, parts)) or pool(
+        job, args, n, parts)
+    try:
+        split = kernel(q, keys, values, 2)
+    finally:
+        kernel._parts = pool
+    assert calls == [(8, attend_kernel.host_parallel.workers())]
+    assert np.array_equal(split, alone)  # each head is computed the same way either way
+    small = pieces_of(rng, 1, [3], 8)  # under POOL_FLOATS: on this thread alone
+    assert 2 * 3 * 8 < attend_kernel.POOL_FLOATS
+    assert np.allclose(kernel(q[:1, :8], *small, 1), exact(q[:1, :8], *small, 1), atol=1e-6)
+
+
+def test_without_those_workers_pythons_threads_split_the_heads(kernel, monkeypatch):
+    rng = np.random.default_rng(9)
+    keys, values = pieces_of(rng, 8, [300, 21], 64)
+    q = rng.standard_normal((16, 64), dtype=np.float32) / 8
+    threads = AttendKernel(kernel._fn)  # no quantized kernel library
+    alone = threads(q, keys, values, 2)
     calls = []
     real = attend_kernel.host_parallel.for_rows
     monkeypatch.setattr(attend_kernel.host_parallel, "for_rows",
@@ -89,9 +112,9 @@ def test_heads_split_across_threads_give_the_same_output(kernel, monkeypatch):
     monkeypatch.setattr(attend_kernel, "SPLIT_FLOATS", 1)
     monkeypatch.setattr(attend_kernel.host_parallel, "workers", lambda: 2)
     monkeypatch.setattr(attend_kernel.host_parallel, "MIN_ELEMENTS", 1)
-    split = kernel(q, keys, values, 2)
+    split = threads(q, keys, values, 2)
     assert calls == [(8, 2 * 8 * 321 * 64)]
-    assert np.array_equal(split, alone)  # each head is computed the same way either way
+    assert np.array_equal(split, alone)
 
 
 def test_it_refuses_what_it_does_not_read(kernel):
