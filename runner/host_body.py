@@ -339,7 +339,9 @@ class HostBody:
         """`self(rows)` for many rows at once: each layer's products as one `sgemm` over the
         rows, RoPE from one table call, attention row by row. Only where `rope_tables` is
         not None. On the 30M model, 14 rows: 4.1 ms, against 6.8 ms row by row and 9.3 ms
-        for MLX's pass (docs/PERFORMANCE.md, "Decode rows in numpy, batched")."""
+        for MLX's pass (docs/PERFORMANCE.md, "Decode rows in numpy, batched"). Attention is
+        one C call a layer for all rows where the kernel takes them (`AttendKernel.rows`),
+        else row by row."""
         gemm, rope, d = self.gemm, self.rope_tables, self.head_dim
         n = len(rows)
         diag, off = rope.tables_at([row.position for row in rows])
@@ -356,13 +358,17 @@ class HostBody:
             q = rope.apply(q, diag, off)
             q *= layer.scale
             k = rope.apply(k, diag, off)
-            attended = np.empty((n, layer.heads * d), dtype=np.float32)
             group = layer.heads // layer.kv_heads
             for j, row in enumerate(rows):
                 row.keys[i][-1][:, -1] = k[j]
                 row.values[i][-1][:, -1] = v[j]
-                attended[j] = self._attend(q[j], row.keys[i], row.values[i],
-                                           group).reshape(-1)
+            attended = None if self.attend_kernel is None else self.attend_kernel.rows(
+                q, [row.keys[i] for row in rows], [row.values[i] for row in rows], group)
+            if attended is None:
+                attended = np.empty((n, layer.heads * d), dtype=np.float32)
+                for j, row in enumerate(rows):
+                    attended[j] = self._attend(q[j], row.keys[i], row.values[i],
+                                               group).reshape(-1)
             h = h + gemm.linear(attended, layer.o)
             x = rms_norm(h, layer.mlp_norm)
             h = h + gemm.linear(silu_times(gemm.linear(x, layer.gate),

@@ -44,9 +44,10 @@ SPLIT_FLOATS = 1 << 20
 
 
 class AttendKernel:
-    def __init__(self, fn, job: int | None = None, parts=None):
+    def __init__(self, fn, job: int | None = None, parts=None, rows_job: int | None = None):
         self._fn = fn
         self._job = job  # the address of mlxr_attend_heads, a job for `parts`
+        self._rows_job = rows_job  # mlxr_attend_rows's
         self._parts = parts  # the quantized kernel's mlxr_parts, or None
 
     @classmethod
@@ -64,7 +65,7 @@ class AttendKernel:
             return None
         try:
             lib = ctypes.CDLL(str(path))
-            fn, job = lib.mlxr_attend_position, lib.mlxr_attend_heads
+            fn, job, rows = lib.mlxr_attend_position, lib.mlxr_attend_heads, lib.mlxr_attend_rows
         except (OSError, AttributeError) as exc:
             log.info("attention kernel did not load (%s)", exc)
             return None
@@ -75,7 +76,8 @@ class AttendKernel:
         pool = QuantKernel.load(cache_dir)
         if pool is None:
             return cls(fn)
-        return cls(fn, ctypes.cast(job, ctypes.c_void_p).value, pool.parts)
+        address = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+        return cls(fn, address(job), pool.parts, address(rows))
 
     def __call__(self, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
                  group: int) -> np.ndarray | None:
@@ -118,6 +120,49 @@ class AttendKernel:
         else:
             host_parallel.for_rows(kv_heads, floats, part)
         return space[:heads * dim].reshape(heads, dim)
+
+
+    def rows(self, q: np.ndarray, keys: list[list[np.ndarray]],
+             values: list[list[np.ndarray]], group: int) -> np.ndarray | None:
+        """Several rows' `__call__` in one call, split across the cores by (row, key head):
+        q (rows, heads, dim), already scaled; keys[r] and values[r] row r's pieces. (rows,
+        heads * dim), or None where the quantized kernel's workers are not there or a piece
+        is not laid out as the kernel reads it (the caller then goes row by row)."""
+        n, heads, dim = q.shape
+        kv_heads = keys[0][0].shape[0]
+        if self._parts is None or not 1 <= group <= MAX_GROUP or dim % 8 or \
+                q.dtype != np.float32 or heads != kv_heads * group:
+            return None
+        q = np.ascontiguousarray(q)
+        out = np.empty((n, heads * dim), dtype=np.float32)
+        lengths = [sum(k.shape[1] for k in row) for row in keys]
+        scores = np.empty(heads * sum(lengths), dtype=np.float32)
+        qp, op, sp = q.ctypes.data, out.ctypes.data, scores.ctypes.data
+        tables: list[int] = []
+        header = [n, group, dim, kv_heads, 0]
+        for r, (row_keys, row_values) in enumerate(zip(keys, values)):
+            pieces = len(row_keys)
+            entries = [0] * (5 * pieces)
+            for i, (k, v) in enumerate(zip(row_keys, row_values)):
+                if not (_rows(k, kv_heads, dim) and _rows(v, kv_heads, dim)) or \
+                        k.shape[1] != v.shape[1]:
+                    return None
+                entries[i], entries[pieces + i] = k.ctypes.data, v.ctypes.data
+                entries[2 * pieces + i] = k.shape[1]
+                entries[3 * pieces + i] = k.strides[0] >> 2
+                entries[4 * pieces + i] = v.strides[0] >> 2
+            # the table's address is filled in below, once the array exists
+            header += [qp + 4 * r * heads * dim, op + 4 * r * heads * dim, sp, pieces,
+                       len(tables), lengths[r]]
+            sp += 4 * heads * lengths[r]
+            tables += entries
+        args = np.array(header + tables, dtype=np.int64)
+        base = args.ctypes.data + 8 * len(header)
+        args[9:len(header):6] = base + 8 * args[9:len(header):6]
+        self._parts(self._rows_job, args.ctypes.data, n * kv_heads, host_parallel.workers())
+        if args[4] != 0:
+            raise ValueError("attention kernel refused its arguments")
+        return out
 
 
 def _rows(piece: np.ndarray, kv_heads: int, dim: int) -> bool:

@@ -13,8 +13,9 @@
  * the caller's scratch, (kv_heads, group, positions). A call takes key heads h0..h1, so the
  * caller may split the heads across threads.
  *
- * exp is a polynomial (degree 7 after reduction by powers of two): within 2e-7 of expf
- * relative, on arguments at or below zero as the softmax gives it.
+ * exp is a polynomial (degree 7 after reduction by powers of two), for arguments at or below
+ * zero as the softmax gives it: within 8e-8 of exp relative, above 1e-30 (checked over
+ * [-87, 0] in steps of 1e-5).
  *
  * Built on demand by runner/kv/attend_kernel.py, as the row kernel is (shared/native.py): on
  * x86-64 GCC clones the entry point for AVX-512, AVX2 with FMA and the baseline, and picks
@@ -27,8 +28,11 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
 typedef int32_t i8 __attribute__((vector_size(32)));
 
 #define MAX_GROUP 64 /* query heads a key head serves */
+/* every helper inlined: one that is not is compiled for the baseline only, outside the clones
+ * (the first build ran at a sixth of the speed so) */
+#define INLINE static inline __attribute__((always_inline))
 
-static inline __attribute__((always_inline)) float dot(const float *restrict a, const float *restrict b, long n)
+INLINE float dot(const float *restrict a, const float *restrict b, long n)
 {
     v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
     long d = 0;
@@ -48,7 +52,7 @@ static inline __attribute__((always_inline)) float dot(const float *restrict a, 
 }
 
 /* exp(x) for x <= 0, 8 at a time; 0 below about -87 */
-static inline __attribute__((always_inline)) v8 exp8(v8 x)
+INLINE v8 exp8(v8 x)
 {
     const v8 lowest = {-87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f};
     i8 under = x < lowest;
@@ -68,7 +72,7 @@ static inline __attribute__((always_inline)) v8 exp8(v8 x)
     return (v8)((i8)(p * scale) & ~under);
 }
 
-static inline __attribute__((always_inline)) float largest(const float *s, long n)
+INLINE float largest(const float *s, long n)
 {
     float top = s[0];
     long i = 0;
@@ -89,7 +93,7 @@ static inline __attribute__((always_inline)) float largest(const float *s, long 
 }
 
 /* s[i] = exp(s[i] - top); returns their sum */
-static inline __attribute__((always_inline)) float exp_shifted(float *s, long n, float top)
+INLINE float exp_shifted(float *s, long n, float top)
 {
     v8 total = {0};
     long i = 0;
@@ -113,7 +117,7 @@ static inline __attribute__((always_inline)) float exp_shifted(float *s, long n,
 }
 
 /* the sums of a, b, c and d in lanes 0, 4, 2 and 6 */
-static inline __attribute__((always_inline)) v8 sums4(v8 a, v8 b, v8 c, v8 d)
+INLINE v8 sums4(v8 a, v8 b, v8 c, v8 d)
 {
     const i8 lo = {0, 1, 2, 3, 8, 9, 10, 11}, hi = {4, 5, 6, 7, 12, 13, 14, 15};
     const i8 even = {0, 1, 8, 9, 4, 5, 12, 13}, odd = {2, 3, 10, 11, 6, 7, 14, 15};
@@ -124,8 +128,9 @@ static inline __attribute__((always_inline)) v8 sums4(v8 a, v8 b, v8 c, v8 d)
     return z + __builtin_shuffle(z, swap);
 }
 
-/* s[p] = q . k[p], for n rows of k (dim floats each, a multiple of 8) */
-static inline __attribute__((always_inline)) void scores_of(const float *restrict q, const float *restrict k, long n, long dim,
+/* s[p] = q . k[p], for n rows of k (dim floats each, a multiple of 8); the n rows from
+ * `ahead` are prefetched meanwhile, where it is not 0 */
+INLINE void scores_of(const float *restrict q, const float *restrict k, long n, long dim,
                       float *restrict s, const float *ahead)
 {
     long p = 0;
@@ -155,8 +160,9 @@ static inline __attribute__((always_inline)) void scores_of(const float *restric
 
 #define SPAN 32 /* floats of a value row one pass keeps in registers */
 
-/* out += sum over p of w[p] * v[p], for n rows of v (dim floats, a multiple of 8) */
-static inline __attribute__((always_inline)) void weighted_sum(float *restrict out, const float *restrict v, long n, long dim,
+/* out += sum over p of w[p] * v[p], for n rows of v (dim floats, a multiple of 8); the n
+ * rows from `ahead` are prefetched meanwhile, where it is not 0 */
+INLINE void weighted_sum(float *restrict out, const float *restrict v, long n, long dim,
                          const float *restrict w, const float *ahead)
 {
     long i = 0;
@@ -214,10 +220,11 @@ int mlxr_attend_position(const float *q, long group, long dim, long pieces,
             const float *k = (const float *)(intptr_t)keys[i] + (size_t)h * key_heads[i];
             for (long p = 0; p < lengths[i]; p += TILE) {
                 long n = lengths[i] - p < TILE ? lengths[i] - p : TILE;
+                /* the next tile, prefetched while the group's first query reads this one */
+                const float *next = p + 2 * TILE <= lengths[i] ? k + (size_t)(p + TILE) * dim : 0;
                 for (long g = 0; g < group; g++)
                     scores_of(qh + g * dim, k + (size_t)p * dim, n, dim,
-                              sh + (size_t)g * positions + at + p,
-                              g == 0 && p + 2 * TILE <= lengths[i] ? k + (size_t)(p + TILE) * dim : 0);
+                              sh + (size_t)g * positions + at + p, g == 0 ? next : 0);
             }
             at += lengths[i];
         }
@@ -232,10 +239,10 @@ int mlxr_attend_position(const float *q, long group, long dim, long pieces,
             const float *v = (const float *)(intptr_t)values[i] + (size_t)h * value_heads[i];
             for (long p = 0; p < lengths[i]; p += TILE) {
                 long n = lengths[i] - p < TILE ? lengths[i] - p : TILE;
+                const float *next = p + 2 * TILE <= lengths[i] ? v + (size_t)(p + TILE) * dim : 0;
                 for (long g = 0; g < group; g++)
                     weighted_sum(oh + g * dim, v + (size_t)p * dim, n, dim,
-                                 sh + (size_t)g * positions + at + p,
-                                 g == 0 && p + 2 * TILE <= lengths[i] ? v + (size_t)(p + TILE) * dim : 0);
+                                 sh + (size_t)g * positions + at + p, g == 0 ? next : 0);
             }
             at += lengths[i];
         }
@@ -256,4 +263,23 @@ void mlxr_attend_heads(const void *args, long h0, long h1)
                              (const int64_t *)(intptr_t)a[4], (float *)(intptr_t)a[5], a[6],
                              (float *)(intptr_t)a[7], h0, h1) != 0)
         __atomic_store_n(&a[8], -1, __ATOMIC_RELAXED);
+}
+
+/* Many rows' one-position attention as a job over (row, key head) items, item i being row
+ * i / kv_heads and head i % kv_heads: a decode step's rows in one call, split across the
+ * workers. args are int64s: rows, group, dim, kv_heads, a status that a refusal sets to -1,
+ * then per row its q, out, scores, pieces, table and positions (as `mlxr_attend_position`
+ * takes them). */
+void mlxr_attend_rows(const void *args, long a, long z)
+{
+    int64_t *head = (int64_t *)args;
+    const int64_t group = head[1], dim = head[2], kv_heads = head[3];
+    for (long i = a; i < z; i++) {
+        const int64_t *row = head + 5 + 6 * (i / kv_heads);
+        long h = i % kv_heads;
+        if (mlxr_attend_position((const float *)(intptr_t)row[0], group, dim, row[3],
+                                 (const int64_t *)(intptr_t)row[4], (float *)(intptr_t)row[2],
+                                 row[5], (float *)(intptr_t)row[1], h, h + 1) != 0)
+            __atomic_store_n(&head[4], -1, __ATOMIC_RELAXED);
+    }
 }

@@ -117,6 +117,25 @@ def test_without_those_workers_pythons_threads_split_the_heads(kernel, monkeypat
     assert np.array_equal(split, alone)
 
 
+def test_a_steps_rows_in_one_call_equal_each_rows_own(kernel):
+    # rows of different lengths and piece counts (a shared prefix, then a run of its own)
+    rng = np.random.default_rng(11)
+    lengths = [[5], [30, 17], [200], [1, 64, 3]]
+    rows = [pieces_of(rng, 4, row, 64) for row in lengths]
+    q = rng.standard_normal((4, 8, 64), dtype=np.float32) / 8
+    got = kernel.rows(q, [k for k, _ in rows], [v for _, v in rows], 2)
+    assert got.shape == (4, 8 * 64)
+    for r, (keys, values) in enumerate(rows):
+        assert np.array_equal(got[r], kernel(q[r], keys, values, 2).reshape(-1))
+        want = exact(q[r], keys, values, 2).reshape(-1)
+        assert np.abs(got[r] - want).max() <= 1e-5 * np.abs(want).max()
+    odd = pieces_of(rng, 4, [9], 64)
+    strided = [np.ascontiguousarray(odd[0][0].transpose(0, 2, 1)).transpose(0, 2, 1)]
+    assert kernel.rows(q[:2], [rows[0][0], strided], [rows[0][1], odd[1]], 2) is None
+    assert AttendKernel(kernel._fn).rows(q, [k for k, _ in rows], [v for _, v in rows],
+                                         2) is None  # no workers: row by row
+
+
 def test_it_refuses_what_it_does_not_read(kernel):
     rng = np.random.default_rng(3)
     keys, values = pieces_of(rng, 2, [10], 36)  # a head size not a multiple of 8
@@ -151,3 +170,18 @@ def test_the_body_reads_a_shared_prefix_through_it(arch_models, monkeypatch):  #
     assert got == [mlx_lm_greedy(model, p, 6) for p in prompts]
     assert served and all(ok for _, ok in served)
     assert max(n for n, _ in served) >= 2  # the second row's prefix pieces, then its own
+
+
+def test_the_bodys_batched_rows_attend_in_one_call_a_layer(arch_models, monkeypatch):  # noqa: F811
+    model = arch_models("qwen3")
+    body = HostBody.find(model)
+    calls = []
+    real = AttendKernel.rows
+    monkeypatch.setattr(AttendKernel, "rows", lambda self, q, keys, values, group: calls.append(
+        len(keys)) or real(self, q, keys, values, group))
+    prefix = [(5 * i + 3) % 400 + 2 for i in range(32)]
+    prompts = [prefix + [7], prefix + [8, 9], [4, 5, 6], [(2 * i) % 300 + 2 for i in range(50)]]
+    batch_body = type("Batched", (), {"__call__": lambda self, rows: body.batch(rows)})()
+    got, _, _ = host_greedy(model, batch_body, prompts, steps=5)
+    assert got == [mlx_lm_greedy(model, p, 5) for p in prompts]
+    assert calls and set(calls) == {4}  # every layer of every step: the four rows at once
