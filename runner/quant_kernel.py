@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +31,6 @@ import numpy as np
 
 from mlxr.runner import host_parallel
 from mlxr.shared import native
-
-log = logging.getLogger("mlxr.runner")
 
 BITS = (4, 8)
 GROUPS = (32, 64, 128)
@@ -44,6 +41,8 @@ MAX_LANES = 16  # rows one pass over the weight serves
 DOT_LANES = 4
 TILE = 8  # weight rows the kernel takes at a time: ranges start on a multiple
 SPLIT_ELEMENTS = 1 << 17  # smaller weights are one thread's work (a hand-off costs more)
+_FUNCTIONS = ["mlxr_quant_rows_parts", "mlxr_quant_width", "mlxr_quant_use_width",
+              "mlxr_quant_dequantize", "mlxr_parts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,27 +146,18 @@ class QuantKernel:
     def load(cls, cache_dir: Path | None = None) -> "QuantKernel | None":
         """The kernel, built into `cache_dir` (default: the settings' cache directory) if
         need be; None where it cannot be built or loaded (logged)."""
-        if cache_dir is None:
-            from mlxr.shared.config import Settings
-
-            cache_dir = Settings.from_env().cache_dir
-        path, why = native.quant_kernel_library(cache_dir)
-        if path is None:
-            log.info("quantized kernel not built (%s)", why)
-            return None
-        return cls.from_library(path)
+        found = native.built_functions(native.quant_kernel_library, cache_dir, _FUNCTIONS,
+                                       "quantized kernel")
+        return None if found is None else cls._of(*found)
 
     @classmethod
     def from_library(cls, path: Path) -> "QuantKernel | None":
         """The kernel in the built library `path`; None where it does not load (logged)."""
-        try:
-            lib = ctypes.CDLL(str(path))
-            fn, width, use_width = lib.mlxr_quant_rows_parts, lib.mlxr_quant_width, \
-                lib.mlxr_quant_use_width
-            dequantize, parts = lib.mlxr_quant_dequantize, lib.mlxr_parts
-        except (OSError, AttributeError) as exc:
-            log.info("quantized kernel did not load (%s)", exc)
-            return None
+        found = native.library_functions(path, _FUNCTIONS, "quantized kernel")
+        return None if found is None else cls._of(*found)
+
+    @classmethod
+    def _of(cls, fn, width, use_width, dequantize, parts) -> "QuantKernel":
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,

@@ -26,15 +26,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from pathlib import Path
 
 import numpy as np
 
 from mlxr.runner import host_parallel
 from mlxr.shared import native
-
-log = logging.getLogger("mlxr.runner")
 
 MAX_LANES = 16  # rows one pass over the weight serves
 TILE = 8  # weight rows the kernel takes at a time: ranges start on a multiple
@@ -50,19 +47,12 @@ class RowKernel:
     def load(cls, cache_dir: Path | None = None) -> "RowKernel | None":
         """The kernel, built into `cache_dir` (default: the settings' cache directory) if
         need be; None where it cannot be built or loaded (logged)."""
-        if cache_dir is None:
-            from mlxr.shared.config import Settings
-
-            cache_dir = Settings.from_env().cache_dir
-        path, why = native.row_kernel_library(cache_dir)
-        if path is None:
-            log.info("row kernel not built (%s); using OpenBLAS and MLX", why)
+        found = native.built_functions(native.row_kernel_library, cache_dir,
+                                       ["mlxr_row_kernel"],
+                                       "row kernel (using OpenBLAS and MLX instead)")
+        if found is None:
             return None
-        try:
-            fn = ctypes.CDLL(str(path)).mlxr_row_kernel
-        except (OSError, AttributeError) as exc:
-            log.info("row kernel did not load (%s)", exc)
-            return None
+        fn, = found
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int,
                        ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_long,

@@ -16,12 +16,16 @@ Invariants:
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import subprocess
 from pathlib import Path
+
+log = logging.getLogger("mlxr.native")
 
 COMPILE_TIMEOUT_S = 120.0
 ROW_KERNEL_SOURCE = Path(__file__).resolve().parent / "assets" / "row_kernel.c"
@@ -118,3 +122,30 @@ def quant_kernel_library(cache_dir: Path) -> tuple[Path | None, str]:
         path, why = cached_library(QUANT_KERNEL_SOURCE, cache_dir,
                                    QUANT_KERNEL_FLAGS + ["-DMLXR_QUANT_GENERIC"])
     return path, why
+
+
+def built_functions(build, cache_dir: Path | None, names: list[str],
+                    what: str) -> list | None:
+    """The functions `names` of the library `build(cache_dir)` makes (built if need be; the
+    default cache_dir is the settings'), as ctypes functions; None where it cannot be built or
+    loaded (logged, `what` naming the library and what the runner does instead)."""
+    if cache_dir is None:
+        from mlxr.shared.config import Settings
+
+        cache_dir = Settings.from_env().cache_dir
+    path, why = build(cache_dir)
+    if path is None:
+        log.info("%s: not built (%s)", what, why)
+        return None
+    return library_functions(path, names, what)
+
+
+def library_functions(path: Path, names: list[str], what: str) -> list | None:
+    """The functions `names` of the built library `path`; None where it does not load
+    (logged)."""
+    try:
+        lib = ctypes.CDLL(str(path))
+        return [getattr(lib, name) for name in names]
+    except (OSError, AttributeError) as exc:
+        log.info("%s: did not load (%s)", what, exc)
+        return None

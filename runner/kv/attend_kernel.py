@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +30,6 @@ import numpy as np
 from mlxr.runner import host_parallel
 from mlxr.runner.quant_kernel import QuantKernel
 from mlxr.shared import native
-
-log = logging.getLogger("mlxr.runner")
 
 MAX_GROUP = 64  # query heads a key head serves (the C side's limit)
 # From this many floats of keys and values a call is split across the cores: by the quantized
@@ -55,20 +52,13 @@ class AttendKernel:
     def load(cls, cache_dir: Path | None = None) -> "AttendKernel | None":
         """The kernel, built into `cache_dir` (default: the settings' cache directory) if
         need be; None where it cannot be built or loaded (logged)."""
-        if cache_dir is None:
-            from mlxr.shared.config import Settings
-
-            cache_dir = Settings.from_env().cache_dir
-        path, why = native.attend_kernel_library(cache_dir)
-        if path is None:
-            log.info("attention kernel not built (%s); using numpy", why)
+        found = native.built_functions(
+            native.attend_kernel_library, cache_dir,
+            ["mlxr_attend_position", "mlxr_attend_heads", "mlxr_attend_rows"],
+            "attention kernel (using numpy instead)")
+        if found is None:
             return None
-        try:
-            lib = ctypes.CDLL(str(path))
-            fn, job, rows = lib.mlxr_attend_position, lib.mlxr_attend_heads, lib.mlxr_attend_rows
-        except (OSError, AttributeError) as exc:
-            log.info("attention kernel did not load (%s)", exc)
-            return None
+        fn, job, rows = found
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
@@ -76,8 +66,7 @@ class AttendKernel:
         pool = QuantKernel.load(cache_dir)
         if pool is None:
             return cls(fn)
-        address = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
-        return cls(fn, address(job), pool.parts, address(rows))
+        return cls(fn, _address(job), pool.parts, _address(rows))
 
     def __call__(self, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
                  group: int) -> np.ndarray | None:
@@ -87,15 +76,10 @@ class AttendKernel:
         kv_heads, dim = keys[0].shape[0], q.shape[-1]
         if not 1 <= group <= MAX_GROUP or dim % 8 or q.dtype != np.float32:
             return None
+        entries = _table(keys, values, kv_heads, dim)
+        if entries is None:
+            return None
         pieces = len(keys)
-        entries = [0] * (5 * pieces)  # addresses of keys, of values; lengths; head strides
-        for i, (k, v) in enumerate(zip(keys, values)):
-            if not (_rows(k, kv_heads, dim) and _rows(v, kv_heads, dim)) or \
-                    k.shape[1] != v.shape[1]:
-                return None
-            entries[i], entries[pieces + i] = k.ctypes.data, v.ctypes.data
-            entries[2 * pieces + i] = k.shape[1]
-            entries[3 * pieces + i], entries[4 * pieces + i] = k.strides[0] >> 2, v.strides[0] >> 2
         positions = sum(entries[2 * pieces:3 * pieces])
         table = np.array(entries, dtype=np.int64)
         q = np.ascontiguousarray(q)
@@ -141,18 +125,11 @@ class AttendKernel:
         tables: list[int] = []
         header = [n, group, dim, kv_heads, 0]
         for r, (row_keys, row_values) in enumerate(zip(keys, values)):
-            pieces = len(row_keys)
-            entries = [0] * (5 * pieces)
-            for i, (k, v) in enumerate(zip(row_keys, row_values)):
-                if not (_rows(k, kv_heads, dim) and _rows(v, kv_heads, dim)) or \
-                        k.shape[1] != v.shape[1]:
-                    return None
-                entries[i], entries[pieces + i] = k.ctypes.data, v.ctypes.data
-                entries[2 * pieces + i] = k.shape[1]
-                entries[3 * pieces + i] = k.strides[0] >> 2
-                entries[4 * pieces + i] = v.strides[0] >> 2
+            entries = _table(row_keys, row_values, kv_heads, dim)
+            if entries is None:
+                return None
             # the table's address is filled in below, once the array exists
-            header += [qp + 4 * r * heads * dim, op + 4 * r * heads * dim, sp, pieces,
+            header += [qp + 4 * r * heads * dim, op + 4 * r * heads * dim, sp, len(row_keys),
                        len(tables), lengths[r]]
             sp += 4 * heads * lengths[r]
             tables += entries
@@ -163,6 +140,28 @@ class AttendKernel:
         if args[4] != 0:
             raise ValueError("attention kernel refused its arguments")
         return out
+
+
+def _table(keys: list[np.ndarray], values: list[np.ndarray], kv_heads: int,
+           dim: int) -> list[int] | None:
+    """A row's pieces as the kernel's table reads them: the keys' addresses, the values',
+    the lengths, the keys' head strides and the values' (in floats), a list of each; None
+    where a piece is not laid out as the kernel reads it."""
+    pieces = len(keys)
+    entries = [0] * (5 * pieces)
+    for i, (k, v) in enumerate(zip(keys, values)):
+        if not (_rows(k, kv_heads, dim) and _rows(v, kv_heads, dim)) or \
+                k.shape[1] != v.shape[1]:
+            return None
+        entries[i], entries[pieces + i] = k.ctypes.data, v.ctypes.data
+        entries[2 * pieces + i] = k.shape[1]
+        entries[3 * pieces + i], entries[4 * pieces + i] = k.strides[0] >> 2, v.strides[0] >> 2
+    return entries
+
+
+def _address(fn) -> int:
+    """A ctypes function's address, to hand it to C as a job."""
+    return ctypes.cast(fn, ctypes.c_void_p).value
 
 
 def _rows(piece: np.ndarray, kv_heads: int, dim: int) -> bool:
