@@ -34,6 +34,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxr.runner.decode_row import DecodeRow
 from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, openblas_sgemm, openblas_sgemv
 from mlxr.runner.host_ops import Gemm, RopeTables
 from mlxr.runner.host_swiglu import silu_times
@@ -180,7 +181,7 @@ class _Products:
     product overwrites; the body uses each result (a new array) before that."""
 
     def __init__(self, sgemv, quant: QuantKernel | None = None):
-        self._sgemv = sgemv
+        self.sgemv = sgemv
         self._quant = quant  # for quantized weights
         self._inputs: dict[int, tuple[np.ndarray, int]] = {}
 
@@ -188,7 +189,7 @@ class _Products:
         weight, bias = linear
         if isinstance(weight, QuantizedWeight):
             return _QuantBound(weight, bias, self._quant.one_row(weight))
-        if self._sgemv is None or not weight.flags.c_contiguous:
+        if self.sgemv is None or not weight.flags.c_contiguous:
             return linear
         rows, cols = weight.shape
         if cols not in self._inputs:
@@ -208,7 +209,7 @@ class _Products:
         rows, cols = linear.weight.shape
         buffer, address = self._inputs[cols]
         np.copyto(buffer, x)
-        self._sgemv(ROW_MAJOR, NO_TRANS, rows, cols, 1.0, linear.address, cols, address, 1,
+        self.sgemv(ROW_MAJOR, NO_TRANS, rows, cols, 1.0, linear.address, cols, address, 1,
                     0.0, linear.out_address, 1)
         return linear.out if linear.bias is None else linear.out + linear.bias
 
@@ -263,6 +264,10 @@ class HostBody:
         except ValueError as exc:
             log.info("numpy rope tables do not apply (%s)", exc)
             self.rope_tables = None
+        # one row's whole step in one C call, where it applies (else `_row` in numpy)
+        self.decode_row = DecodeRow.bind(self, self._project.sgemv,
+                                         quant or (QuantKernel.load() if attend else None),
+                                         attend)
 
     @classmethod
     def find(cls, model, library: str | None = None,
@@ -386,6 +391,10 @@ class HostBody:
         return attend_position(q, keys, values, group, self.gemm)
 
     def _row(self, row: HostRow) -> np.ndarray:
+        if self.decode_row is not None:
+            out = self.decode_row(row)
+            if out is not None:
+                return out
         d = self.head_dim
         rotate = self.rotations(row.position)
         h = self.embed[row.token]  # a view: the steps below make new arrays

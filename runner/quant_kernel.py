@@ -127,7 +127,7 @@ def lanes_for(rows: int) -> int:
 
 class QuantKernel:
     def __init__(self, fn, width: int, dequantize, use_width, parts=None):
-        self._fn = fn
+        self.rows_parts = fn  # mlxr_quant_rows_parts (also runner/decode_row.py's products)
         self._dequantize = dequantize
         self._use_width = use_width
         self.width = width  # floats a vector on this CPU: 16, 8 or 4
@@ -201,7 +201,7 @@ class QuantKernel:
         (width, depth), b = weight.shape, block.shape[0]
         lanes = lanes_for(b)
         x = kernel_layout(block, weight.bits, lanes)
-        fn, bits, group = self._fn, weight.bits, weight.group
+        fn, bits, group = self.rows_parts, weight.bits, weight.group
         parts = host_parallel.workers() if width * depth >= SPLIT_ELEMENTS else 1
         if fn(weight.q.ctypes.data, bits, depth, group, weight.scales.ctypes.data,
               weight.biases.ctypes.data, x.ctypes.data, lanes, out.ctypes.data, width, b, 0,
@@ -224,7 +224,7 @@ class OneRow:
         # 4 bits: each 32-position block as its 16 even positions, then its 16 odd ones
         self._into = self._row.reshape(depth // 32, 2, 16) if weight.bits == 4 else self._row
         parts = host_parallel.workers() if width * depth >= SPLIT_ELEMENTS else 1
-        self._fn = kernel._fn
+        self._fn = kernel.rows_parts
         self._args = (weight.q.ctypes.data, weight.bits, depth, weight.group,
                       weight.scales.ctypes.data, weight.biases.ctypes.data,
                       self._row.ctypes.data, 1, self.out.ctypes.data, width, 1, 0, width, parts)

@@ -41,8 +41,12 @@ SPLIT_FLOATS = 1 << 20
 
 
 class AttendKernel:
-    def __init__(self, fn, job: int | None = None, parts=None, rows_job: int | None = None):
+    def __init__(self, fn, job: int | None = None, parts=None, rows_job: int | None = None,
+                 decode=None):
         self._fn = fn
+        # mlxr_decode_row: one row's whole decode step (runner/decode_row.py); None without
+        # the quantized kernel's workers
+        self.decode = decode
         self._job = job  # the address of mlxr_attend_heads, a job for `parts`
         self._rows_job = rows_job  # mlxr_attend_rows's
         self._parts = parts  # the quantized kernel's mlxr_parts, or None
@@ -54,11 +58,11 @@ class AttendKernel:
         need be; None where it cannot be built or loaded (logged)."""
         found = native.built_functions(
             native.attend_kernel_library, cache_dir,
-            ["mlxr_attend_position", "mlxr_attend_heads", "mlxr_attend_rows"],
-            "attention kernel (using numpy instead)")
+            ["mlxr_attend_position", "mlxr_attend_heads", "mlxr_attend_rows",
+             "mlxr_decode_row"], "attention kernel (using numpy instead)")
         if found is None:
             return None
-        fn, job, rows = found
+        fn, job, rows, decode = found
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
@@ -66,7 +70,9 @@ class AttendKernel:
         pool = QuantKernel.load(cache_dir)
         if pool is None:
             return cls(fn)
-        return cls(fn, _address(job), pool.parts, _address(rows))
+        decode.restype = ctypes.c_int
+        decode.argtypes = [ctypes.c_void_p] * 7
+        return cls(fn, address(job), pool.parts, address(rows), decode)
 
     def __call__(self, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
                  group: int) -> np.ndarray | None:
@@ -76,7 +82,7 @@ class AttendKernel:
         kv_heads, dim = keys[0].shape[0], q.shape[-1]
         if not 1 <= group <= MAX_GROUP or dim % 8 or q.dtype != np.float32:
             return None
-        entries = _table(keys, values, kv_heads, dim)
+        entries = piece_table(keys, values, kv_heads, dim)
         if entries is None:
             return None
         pieces = len(keys)
@@ -125,7 +131,7 @@ class AttendKernel:
         tables: list[int] = []
         header = [n, group, dim, kv_heads, 0]
         for r, (row_keys, row_values) in enumerate(zip(keys, values)):
-            entries = _table(row_keys, row_values, kv_heads, dim)
+            entries = piece_table(row_keys, row_values, kv_heads, dim)
             if entries is None:
                 return None
             # the table's address is filled in below, once the array exists
@@ -142,7 +148,7 @@ class AttendKernel:
         return out
 
 
-def _table(keys: list[np.ndarray], values: list[np.ndarray], kv_heads: int,
+def piece_table(keys: list[np.ndarray], values: list[np.ndarray], kv_heads: int,
            dim: int) -> list[int] | None:
     """A row's pieces as the kernel's table reads them: the keys' addresses, the values',
     the lengths, the keys' head strides and the values' (in floats), a list of each; None
@@ -159,7 +165,7 @@ def _table(keys: list[np.ndarray], values: list[np.ndarray], kv_heads: int,
     return entries
 
 
-def _address(fn) -> int:
+def address(fn) -> int:
     """A ctypes function's address, to hand it to C as a job."""
     return ctypes.cast(fn, ctypes.c_void_p).value
 

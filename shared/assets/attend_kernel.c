@@ -283,3 +283,232 @@ void mlxr_attend_rows(const void *args, long a, long z)
             __atomic_store_n(&head[4], -1, __ATOMIC_RELAXED);
     }
 }
+
+/* ---- One row's decode step through every layer (runner/decode_row.py) ----
+ *
+ * The numpy body (runner/host_body.py `_row`) made some 40 numpy calls a layer around its seven
+ * products: the norms, RoPE, the key and value writes, the softmax's call, SwiGLU, the
+ * residual adds. On a 0.6B model (28 layers) that was 5-6 ms of a 20 ms body. Here one call
+ * does the whole step: the products through the quantized kernel's `mlxr_quant_rows_parts` or
+ * BLAS's `cblas_sgemv` (function pointers the caller hands in), the attention through
+ * `mlxr_attend_position` (split on the quantized kernel's workers by `mlxr_parts` from
+ * `pool_floats` floats of context), and everything between in plain loops.
+ *
+ * The model is a table of int64 slots (M_* then L_STRIDE per layer, each linear LIN_SLOTS);
+ * doubles (epsilons, the attention scale) are stored by their bits. */
+
+typedef int (*quant_fn)(const uint8_t *q, int bits, long h, int group, const float *scales,
+                        const float *biases, const float *x, int lanes, float *out, long v,
+                        int b, long j0, long j1, int parts);
+typedef void (*sgemv_fn)(int order, int trans, int m, int n, float alpha, const float *a,
+                         int lda, const float *x, int incx, float beta, float *y, int incy);
+typedef void (*job_fn)(const void *args, long a, long z);
+typedef void (*parts_fn)(job_fn fn, const void *args, long n, int parts);
+
+enum { /* the model's header */
+    M_LAYERS, M_HIDDEN, M_HEADS, M_KV_HEADS, M_DIM, M_INTER, M_QUANT, M_SGEMV, M_PARTS,
+    M_WORKERS, M_POOL_FLOATS, M_PARTNER, M_NORM, M_NORM_EPS, M_SCRATCH, M_HEADER
+};
+enum { /* a linear layer */
+    LIN_KIND, LIN_W, LIN_SCALES, LIN_BIASES, LIN_BITS, LIN_GROUP, LIN_OUT, LIN_IN, LIN_BIAS,
+    LIN_PARTS, LIN_SLOTS
+};
+enum { KIND_QUANT = 1, KIND_FLOAT = 2 };
+enum { /* a layer: its norms and scale, then its seven linears */
+    Y_ATTN_NORM, Y_ATTN_EPS, Y_MLP_NORM, Y_MLP_EPS, Y_Q_NORM, Y_Q_EPS, Y_K_NORM, Y_K_EPS,
+    Y_SCALE, Y_LINEARS
+};
+enum { LQ, LK, LV, LO, LGATE, LUP, LDOWN, LINEARS };
+#define L_STRIDE (Y_LINEARS + LINEARS * LIN_SLOTS)
+enum { /* a layer's context for this step */
+    C_TABLE, C_PIECES, C_POSITIONS, C_KEY_SLOT, C_VALUE_SLOT, C_KEY_HEADS, C_VALUE_HEADS,
+    C_SLOTS
+};
+
+INLINE double slot_double(const int64_t *slots, int i)
+{
+    double d;
+    memcpy(&d, slots + i, sizeof(d));
+    return d;
+}
+
+#define PTR(type, v) ((type)(intptr_t)(v))
+
+/* y = x * (1 / sqrt(mean(x^2) + eps)) * w, over n floats (x and y may be the same) */
+INLINE void rms_norm_into(float *y, const float *x, const float *w, long n, double eps)
+{
+    float ss = dot(x, x, n);
+    float inverse = (float)(1.0 / __builtin_sqrt((double)ss / n + eps));
+    for (long i = 0; i < n; i++)
+        y[i] = x[i] * inverse * w[i];
+}
+
+/* the same per head, in float as numpy's two-axis norm computes it */
+INLINE void head_norms(float *x, const float *w, long heads, long dim, double eps)
+{
+    for (long h = 0; h < heads; h++) {
+        float *xh = x + h * dim;
+        float ms = dot(xh, xh, dim) / (float)dim + (float)eps;
+        float inverse = 1.0f / __builtin_sqrtf(ms);
+        for (long i = 0; i < dim; i++)
+            xh[i] = xh[i] * inverse * w[i];
+    }
+}
+
+/* out[j] = x[j] * diag[j] + x[partner[j]] * off[j] per head, then times `scale` */
+INLINE void rotate(float *x, long heads, long dim, const float *diag, const float *off,
+                   const int32_t *partner, float scale, float *tmp)
+{
+    for (long h = 0; h < heads; h++) {
+        float *xh = x + h * dim;
+        memcpy(tmp, xh, sizeof(float) * dim);
+        for (long j = 0; j < dim; j++)
+            xh[j] = (tmp[j] * diag[j] + tmp[partner[j]] * off[j]) * scale;
+    }
+}
+
+/* out = silu(g) * u, n floats: g * sigmoid(g), with exp of -|g| only */
+INLINE void silu_times_into(float *out, const float *g, const float *u, long n)
+{
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8 x = *(const v8 *)(g + i);
+        i8 negative = x < (v8){0};
+        v8 e = exp8((v8)((i8)x | (i8)(v8){-0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f,
+                                           -0.0f})); /* -|x| */
+        v8 top = (v8)(((i8)e & negative) | ((i8)(v8){1, 1, 1, 1, 1, 1, 1, 1} & ~negative));
+        *(v8 *)(out + i) = x * (top / (1.0f + e)) * *(const v8 *)(u + i);
+    }
+    for (; i < n; i++)
+        out[i] = g[i] / (1.0f + __builtin_expf(-g[i])) * u[i];
+}
+
+/* A row in the quantized kernel's order for `bits`: for 4 bits each block of 32 as its 16
+ * even positions, then its 16 odd ones */
+INLINE const float *kernel_order(const float *x, long n, int bits, float *into)
+{
+    if (bits != 4)
+        return x;
+    for (long b = 0; b < n; b += 32)
+        for (long k = 0; k < 16; k++) {
+            into[b + k] = x[b + 2 * k];
+            into[b + 16 + k] = x[b + 2 * k + 1];
+        }
+    return into;
+}
+
+/* out = W x (+ bias); `ordered` is x in the 4-bit order where a 4-bit linear needs it (made
+ * once for the products sharing x). Returns 0, or -1 where the kernel refused. */
+INLINE int linear(const int64_t *model, const int64_t *l, const float *x, const float *ordered,
+                  float *out)
+{
+    long rows = l[LIN_OUT], depth = l[LIN_IN];
+    if (l[LIN_KIND] == KIND_QUANT) {
+        int bits = (int)l[LIN_BITS];
+        if (PTR(quant_fn, model[M_QUANT])(PTR(const uint8_t *, l[LIN_W]), bits, depth,
+                                          (int)l[LIN_GROUP], PTR(const float *, l[LIN_SCALES]),
+                                          PTR(const float *, l[LIN_BIASES]),
+                                          bits == 4 ? ordered : x, 1, out, rows, 1, 0, rows,
+                                          (int)l[LIN_PARTS]) != 0)
+            return -1;
+    } else {
+        PTR(sgemv_fn, model[M_SGEMV])(101, 111, (int)rows, (int)depth, 1.0f,
+                                      PTR(const float *, l[LIN_W]), (int)depth, x, 1, 0.0f, out,
+                                      1);
+    }
+    const float *bias = PTR(const float *, l[LIN_BIAS]);
+    if (bias)
+        for (long i = 0; i < rows; i++)
+            out[i] += bias[i];
+    return 0;
+}
+
+INLINE int needs_order(const int64_t *l, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (l[i * LIN_SLOTS + LIN_KIND] == KIND_QUANT && l[i * LIN_SLOTS + LIN_BITS] == 4)
+            return 1;
+    return 0;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MLXR_NO_CLONES)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+int mlxr_decode_row(const int64_t *model, float *h, const float *diag, const float *off,
+                    const int64_t *context, float *scores, float *out)
+/* h (hidden): the token's embedding, overwritten by the residual stream; diag and off: the
+ * position's RoPE tables; context: C_SLOTS a layer; scores: heads x the largest layer's
+ * positions; out (hidden): the final norm's output. Returns 0, or -1 where a kernel refused
+ * (the keys and values of layers before it are then written). */
+{
+    const long layers = model[M_LAYERS], hidden = model[M_HIDDEN], heads = model[M_HEADS];
+    const long kv_heads = model[M_KV_HEADS], dim = model[M_DIM], inter = model[M_INTER];
+    const long group = heads / kv_heads, widest = inter > heads * dim ? inter : heads * dim;
+    const int32_t *partner = PTR(const int32_t *, model[M_PARTNER]);
+    float *x = PTR(float *, model[M_SCRATCH]);       /* a normed row, widest */
+    float *ordered = x + (widest > hidden ? widest : hidden); /* it in the 4-bit order */
+    float *q = ordered + (widest > hidden ? widest : hidden); /* heads * dim */
+    float *k = q + heads * dim, *v = k + kv_heads * dim;  /* kv_heads * dim each */
+    float *attended = v + kv_heads * dim;                 /* heads * dim */
+    float *t = attended + heads * dim;                    /* hidden */
+    float *g = t + hidden, *u = g + inter, *tmp = u + inter; /* inter, inter, dim */
+    for (long i = 0; i < layers; i++) {
+        const int64_t *y = model + M_HEADER + i * L_STRIDE, *lin = y + Y_LINEARS;
+        const int64_t *c = context + i * C_SLOTS;
+        rms_norm_into(x, h, PTR(const float *, y[Y_ATTN_NORM]), hidden,
+                      slot_double(y, Y_ATTN_EPS));
+        const float *xo = needs_order(lin, 3) ? kernel_order(x, hidden, 4, ordered) : x;
+        if (linear(model, lin + LQ * LIN_SLOTS, x, xo, q) ||
+            linear(model, lin + LK * LIN_SLOTS, x, xo, k) ||
+            linear(model, lin + LV * LIN_SLOTS, x, xo, v))
+            return -1;
+        if (y[Y_Q_NORM])
+            head_norms(q, PTR(const float *, y[Y_Q_NORM]), heads, dim, slot_double(y, Y_Q_EPS));
+        if (y[Y_K_NORM])
+            head_norms(k, PTR(const float *, y[Y_K_NORM]), kv_heads, dim,
+                       slot_double(y, Y_K_EPS));
+        rotate(q, heads, dim, diag, off, partner, (float)slot_double(y, Y_SCALE), tmp);
+        rotate(k, kv_heads, dim, diag, off, partner, 1.0f, tmp);
+        float *key_slot = PTR(float *, c[C_KEY_SLOT]), *value_slot = PTR(float *, c[C_VALUE_SLOT]);
+        for (long j = 0; j < kv_heads; j++) {
+            memcpy(key_slot + j * c[C_KEY_HEADS], k + j * dim, sizeof(float) * dim);
+            memcpy(value_slot + j * c[C_VALUE_HEADS], v + j * dim, sizeof(float) * dim);
+        }
+        long positions = c[C_POSITIONS];
+        if (model[M_PARTS] && 2 * kv_heads * positions * dim >= model[M_POOL_FLOATS]) {
+            int64_t args[9] = {(int64_t)(intptr_t)q, group, dim, c[C_PIECES], c[C_TABLE],
+                               (int64_t)(intptr_t)scores, positions,
+                               (int64_t)(intptr_t)attended, 0};
+            PTR(parts_fn, model[M_PARTS])(mlxr_attend_heads, args, kv_heads,
+                                          (int)model[M_WORKERS]);
+            if (args[8] != 0)
+                return -1;
+        } else if (mlxr_attend_position(q, group, dim, c[C_PIECES], PTR(const int64_t *,
+                                        c[C_TABLE]), scores, positions, attended, 0,
+                                        kv_heads) != 0) {
+            return -1;
+        }
+        const float *ao = needs_order(lin + LO * LIN_SLOTS, 1) ?
+                          kernel_order(attended, heads * dim, 4, ordered) : attended;
+        if (linear(model, lin + LO * LIN_SLOTS, attended, ao, t))
+            return -1;
+        for (long j = 0; j < hidden; j++)
+            h[j] += t[j];
+        rms_norm_into(x, h, PTR(const float *, y[Y_MLP_NORM]), hidden,
+                      slot_double(y, Y_MLP_EPS));
+        xo = needs_order(lin + LGATE * LIN_SLOTS, 2) ? kernel_order(x, hidden, 4, ordered) : x;
+        if (linear(model, lin + LGATE * LIN_SLOTS, x, xo, g) ||
+            linear(model, lin + LUP * LIN_SLOTS, x, xo, u))
+            return -1;
+        silu_times_into(g, g, u, inter);
+        const float *mo = needs_order(lin + LDOWN * LIN_SLOTS, 1) ?
+                          kernel_order(g, inter, 4, ordered) : g;
+        if (linear(model, lin + LDOWN * LIN_SLOTS, g, mo, t))
+            return -1;
+        for (long j = 0; j < hidden; j++)
+            h[j] += t[j];
+    }
+    rms_norm_into(out, h, PTR(const float *, model[M_NORM]), hidden,
+                  slot_double(model, M_NORM_EPS));
+    return 0;
+}

@@ -100,7 +100,7 @@ def test_the_products_through_openblas_give_the_same_tokens(arch_models, arch):
     library = probed_blas()
     assert library is not None
     body = HostBody.find(model, library)
-    assert body is not None and body._project._sgemv is not None
+    assert body is not None and body._project.sgemv is not None
     assert all(isinstance(layer.gate, _Bound) for layer in body.layers)
     prompts = [[(5 * i + 2) % 400 + 2 for i in range(n)] for n in (30, 61)]
     got, _, _ = host_greedy(model, body, prompts, steps=8)

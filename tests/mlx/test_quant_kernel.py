@@ -18,8 +18,9 @@ from mlxr.runner.embed.embeddings import LMEmbedder
 from mlxr.runner.host_head import openblas_sgemm
 from mlxr.runner import host_ops
 from mlxr.runner.host_ops import QUANT_ROWS, Gemm
+from mlxr.runner.decode_row import DecodeRow
 from mlxr.runner.model_step import ModelStep
-from mlxr.runner.quant_kernel import OneRow, QuantizedWeight, QuantKernel, takes
+from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel, takes
 from mlxr.shared import native
 from tests.mlx.test_heads import probed_blas
 from tests.mlx.test_host_attention import mlx_lm_greedy
@@ -122,7 +123,7 @@ def test_it_refuses_what_it_does_not_take(kernel):
     weight = QuantizedWeight.of(quantized(16, 128, 8, 64)[0])
     x = np.zeros((4, 128), dtype=np.float32)
     out = np.zeros((4, 16), dtype=np.float32)
-    fn = kernel._fn
+    fn = kernel.rows_parts
     args = (weight.q.ctypes.data, 8, 128, 64, weight.scales.ctypes.data,
             weight.biases.ctypes.data, x.ctypes.data)
     for parts in (1, 2):
@@ -156,12 +157,13 @@ def test_decoding_a_quantized_model_gives_mlx_lms_greedy_tokens(tiny_model, kern
     # layers with float32 scales; five greedy rows, prompts read through the numpy prefill
     # (through the kernel and, past QUANT_ROWS tokens, dequantized: 8 here, so that the
     # 9-token prompts take that path too), decode steps of 5 .. 1 rows through the numpy body
-    # (one row: each layer's bound OneRow) and the head, all on the kernel
+    # (one row: the whole step in one C call, runner/decode_row.py, its products on the
+    # kernel) and the head, all on the kernel
     monkeypatch.setattr(host_ops, "QUANT_ROWS", 8)
     one_rows = []
-    one_row = OneRow.__call__
-    monkeypatch.setattr(OneRow, "__call__", lambda self, x: one_rows.append(x.shape)
-                        or one_row(self, x))
+    one_row = DecodeRow.__call__
+    monkeypatch.setattr(DecodeRow, "__call__", lambda self, row: (
+        lambda out: one_rows.append(out is not None) or out)(one_row(self, row)))
     model, _ = load(str(tiny_model))
     nn.quantize(model, group_size=group, bits=bits)
     mx.eval(model.parameters())
@@ -190,7 +192,7 @@ def test_decoding_a_quantized_model_gives_mlx_lms_greedy_tokens(tiny_model, kern
     assert passes[0] == [9, 16, 23, 30, 37]
     assert calls.count("dequantized") == 7 * (len(model.layers) - 1) + 2
     assert {1, 5, 3}.issubset(calls) and "dequantized" in calls and 9 not in calls
-    assert len(one_rows) >= 7 * 2  # a layer's seven products, two layers, a one-row step
+    assert one_rows and all(one_rows)  # the one-row steps, each in one C call
 
 
 def test_a_quantized_models_embeddings_read_through_the_numpy_body_equal_mlxs(
