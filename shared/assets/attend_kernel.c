@@ -17,6 +17,9 @@
  * zero as the softmax gives it: within 8e-8 of exp relative, above 1e-30 (checked over
  * [-87, 0] in steps of 1e-5).
  *
+ * The same library holds `mlxr_decode_row` (at the end): one row's whole decode step through
+ * the layers, this attention included (runner/decode_row.py).
+ *
  * Built on demand by runner/kv/attend_kernel.py, as the row kernel is (shared/native.py): on
  * x86-64 GCC clones the entry point for AVX-512, AVX2 with FMA and the baseline, and picks
  * one when the library loads. */

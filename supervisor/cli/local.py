@@ -59,7 +59,8 @@ def doctor(reprobe) -> None:
     click.echo(f"row kernel (the decode step's products on a CPU): {kernel}" if kernel else
                f"row kernel: not built ({why}); runners keep OpenBLAS and MLX")
     kernel, why = attend_kernel_library(settings.cache_dir)
-    click.echo(f"attention kernel (one decode position on a CPU): {kernel}" if kernel else
+    click.echo(f"attention kernel (one decode position, and one row's whole step, on a CPU): "
+               f"{kernel}" if kernel else
                f"attention kernel: not built ({why}); runners attend in numpy")
     kernel, why = quant_kernel_library(settings.cache_dir)
     click.echo(f"quantized kernel (4- and 8-bit weights as stored, on a CPU): {kernel}"

@@ -26,7 +26,8 @@ def test_doctor_builds_and_names_the_row_kernel(tmp_path, monkeypatch):
     assert f"row kernel (the decode step's products on a CPU): {built[0]}" in out
     attend = list(tmp_path.glob("attend_kernel-*.so"))
     assert len(attend) == 1
-    assert f"attention kernel (one decode position on a CPU): {attend[0]}" in out
+    assert f"attention kernel (one decode position, and one row's whole step, on a CPU): " \
+        f"{attend[0]}" in out
     quant = list(tmp_path.glob("quant_kernel-*.so"))
     assert len(quant) == 1
     assert f"quantized kernel (4- and 8-bit weights as stored, on a CPU): {quant[0]}" in out
