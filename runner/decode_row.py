@@ -21,11 +21,13 @@ buffers, so both are kept alive here; one call at a time (the buffers are shared
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from mlxr.runner import host_parallel
 from mlxr.runner.kv.attend_kernel import POOL_FLOATS, AttendKernel, address, piece_table
-from mlxr.runner.quant_kernel import SPLIT_ELEMENTS, QuantKernel, QuantizedWeight
+from mlxr.runner.quant_kernel import QuantKernel, QuantizedWeight, parts_for
 
 # The C side's slots (attend_kernel.c): the model's header, a linear, a layer, a layer's context.
 M_HEADER = 15
@@ -35,6 +37,9 @@ Y_LINEARS = 9
 L_STRIDE = Y_LINEARS + 7 * LIN_SLOTS
 C_SLOTS = 7
 LINEARS = ("q", "k", "v", "o", "gate", "up", "down")  # the C side's order
+LAYOUT = (M_HEADER, LIN_SLOTS, Y_LINEARS, L_STRIDE, C_SLOTS)  # as mlxr_decode_layout gives it
+
+log = logging.getLogger("mlxr.runner")
 
 
 def _bits(value: float) -> int:
@@ -61,6 +66,10 @@ class DecodeRow:
         """The step for `body` (a HostBody whose linears are bound), or None where it does
         not apply. `sgemv`: the OpenBLAS `cblas_sgemv` the body's float32 products use."""
         if attend is None or attend.decode is None or body.rope_tables is None:
+            return None
+        if attend.decode_layout != LAYOUT:
+            log.warning("the decode kernel's table (%s) is not this code's (%s); decoding "
+                        "rows in numpy", attend.decode_layout, LAYOUT)
             return None
         layers, dim = body.layers, body.head_dim
         first = layers[0]
@@ -147,10 +156,9 @@ def _linear_slots(linear, keep: list, sgemv, quant: QuantKernel | None) -> list[
     bias_at = 0 if bias is None else _keep(keep, bias)
     if isinstance(weight, QuantizedWeight) and quant is not None:
         rows, depth = weight.shape
-        parts = host_parallel.workers() if rows * depth >= SPLIT_ELEMENTS else 1
         return [KIND_QUANT, _keep(keep, weight.q), _keep(keep, weight.scales),
                 _keep(keep, weight.biases), weight.bits, weight.group, rows, depth, bias_at,
-                parts]
+                parts_for(weight)]
     if isinstance(weight, np.ndarray) and hasattr(linear, "address") and sgemv is not None \
             and weight.dtype == np.float32 and weight.flags.c_contiguous:
         rows, depth = weight.shape

@@ -121,6 +121,12 @@ def kernel_layout(x: np.ndarray, bits: int, lanes: int) -> np.ndarray:
     return out
 
 
+def parts_for(weight: QuantizedWeight) -> int:
+    """Ranges a product with `weight` is split into: the cores, from SPLIT_ELEMENTS on."""
+    width, depth = weight.shape
+    return host_parallel.workers() if width * depth >= SPLIT_ELEMENTS else 1
+
+
 def lanes_for(rows: int) -> int:
     return 1 if rows == 1 else 2 if rows == 2 else 4 if rows <= 4 else 8 if rows <= 8 else 16
 
@@ -202,10 +208,9 @@ class QuantKernel:
         lanes = lanes_for(b)
         x = kernel_layout(block, weight.bits, lanes)
         fn, bits, group = self.rows_parts, weight.bits, weight.group
-        parts = host_parallel.workers() if width * depth >= SPLIT_ELEMENTS else 1
         if fn(weight.q.ctypes.data, bits, depth, group, weight.scales.ctypes.data,
               weight.biases.ctypes.data, x.ctypes.data, lanes, out.ctypes.data, width, b, 0,
-              width, parts) != 0:
+              width, parts_for(weight)) != 0:
             raise ValueError("quantized kernel refused its arguments")
 
 
@@ -223,11 +228,11 @@ class OneRow:
         self._row = np.empty(depth, dtype=np.float32)
         # 4 bits: each 32-position block as its 16 even positions, then its 16 odd ones
         self._into = self._row.reshape(depth // 32, 2, 16) if weight.bits == 4 else self._row
-        parts = host_parallel.workers() if width * depth >= SPLIT_ELEMENTS else 1
         self._fn = kernel.rows_parts
         self._args = (weight.q.ctypes.data, weight.bits, depth, weight.group,
                       weight.scales.ctypes.data, weight.biases.ctypes.data,
-                      self._row.ctypes.data, 1, self.out.ctypes.data, width, 1, 0, width, parts)
+                      self._row.ctypes.data, 1, self.out.ctypes.data, width, 1, 0, width,
+                      parts_for(weight))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """weight @ x for one float32 row x (in,): the (out,) buffer."""

@@ -42,11 +42,13 @@ SPLIT_FLOATS = 1 << 20
 
 class AttendKernel:
     def __init__(self, fn, job: int | None = None, parts=None, rows_job: int | None = None,
-                 decode=None):
+                 decode=None, decode_layout: tuple[int, ...] = ()):
         self._fn = fn
-        # mlxr_decode_row: one row's whole decode step (runner/decode_row.py); None without
-        # the quantized kernel's workers
+        # mlxr_decode_row: one row's whole decode step (runner/decode_row.py), and the sizes
+        # of the table it reads (mlxr_decode_layout); None without the quantized kernel's
+        # workers
         self.decode = decode
+        self.decode_layout = decode_layout
         self._job = job  # the address of mlxr_attend_heads, a job for `parts`
         self._rows_job = rows_job  # mlxr_attend_rows's
         self._parts = parts  # the quantized kernel's mlxr_parts, or None
@@ -59,10 +61,10 @@ class AttendKernel:
         found = native.built_functions(
             native.attend_kernel_library, cache_dir,
             ["mlxr_attend_position", "mlxr_attend_heads", "mlxr_attend_rows",
-             "mlxr_decode_row"], "attention kernel (using numpy instead)")
+             "mlxr_decode_row", "mlxr_decode_layout"], "attention kernel (using numpy instead)")
         if found is None:
             return None
-        fn, job, rows, decode = found
+        fn, job, rows, decode, layout = found
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
@@ -72,7 +74,10 @@ class AttendKernel:
             return cls(fn)
         decode.restype = ctypes.c_int
         decode.argtypes = [ctypes.c_void_p] * 7
-        return cls(fn, address(job), pool.parts, address(rows), decode)
+        sizes = np.zeros(5, dtype=np.int64)
+        layout.restype = None
+        layout(ctypes.c_void_p(sizes.ctypes.data))
+        return cls(fn, address(job), pool.parts, address(rows), decode, tuple(sizes.tolist()))
 
     def __call__(self, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
                  group: int) -> np.ndarray | None:

@@ -515,3 +515,14 @@ int mlxr_decode_row(const int64_t *model, float *h, const float *diag, const flo
                   slot_double(model, M_NORM_EPS));
     return 0;
 }
+
+/* The table's sizes, for the caller to check its own against: M_HEADER, LIN_SLOTS,
+ * Y_LINEARS, L_STRIDE, C_SLOTS. */
+void mlxr_decode_layout(int64_t *out)
+{
+    out[0] = M_HEADER;
+    out[1] = LIN_SLOTS;
+    out[2] = Y_LINEARS;
+    out[3] = L_STRIDE;
+    out[4] = C_SLOTS;
+}

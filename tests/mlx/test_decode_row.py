@@ -14,10 +14,10 @@ import pytest
 from mlx_lm.utils import load
 
 from mlxr.runner.architectures import fix_model
-from mlxr.runner.decode_row import DecodeRow
+from mlxr.runner import decode_row
 from mlxr.runner.host_body import HostBody, HostRow
 from mlxr.runner.kv import rows
-from mlxr.runner.kv.attend_kernel import POOL_FLOATS
+from mlxr.runner.kv.attend_kernel import POOL_FLOATS, AttendKernel
 from mlxr.runner.model_step import ModelStep
 from mlxr.supervisor.store.random_model import write_random_model
 from tests.mlx.test_heads import probed_blas
@@ -143,3 +143,11 @@ def test_a_row_whose_pieces_it_does_not_read_takes_the_numpy_path(arch_models): 
     row = HostRow(3, 11, strided, values)
     assert body.decode_row(row) is None
     assert np.isfinite(body([row])[0]).all()  # the body's own path served it
+
+
+def test_a_stale_kernels_table_is_left_alone(arch_models, monkeypatch):  # noqa: F811
+    kernel = AttendKernel.load()
+    assert kernel is not None and kernel.decode_layout == decode_row.LAYOUT
+    monkeypatch.setattr(kernel, "decode_layout", (1, 2, 3, 4, 5))  # a stale library's
+    body = HostBody.find(arch_models("qwen3"), probed_blas())
+    assert body is not None and body.decode_row is None  # numpy's rows serve
