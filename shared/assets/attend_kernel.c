@@ -386,13 +386,16 @@ INLINE void silu_times_into(float *out, const float *g, const float *u, long n)
         out[i] = g[i] / (1.0f + __builtin_expf(-g[i])) * u[i];
 }
 
-/* A row in the quantized kernel's order for `bits`: for 4 bits each block of 32 as its 16
- * even positions, then its 16 odd ones */
-INLINE const float *kernel_order(const float *x, long n, int bits, float *into)
+/* x in the quantized kernel's 4-bit order (each block of 32 as its 16 even positions, then
+ * its 16 odd ones) where one of the n linears from l reads 4 bits, else x itself */
+INLINE const float *order_for(const int64_t *l, int n, const float *x, long len, float *into)
 {
-    if (bits != 4)
+    int four = 0;
+    for (int i = 0; i < n; i++)
+        four |= l[i * LIN_SLOTS + LIN_KIND] == KIND_QUANT && l[i * LIN_SLOTS + LIN_BITS] == 4;
+    if (!four)
         return x;
-    for (long b = 0; b < n; b += 32)
+    for (long b = 0; b < len; b += 32)
         for (long k = 0; k < 16; k++) {
             into[b + k] = x[b + 2 * k];
             into[b + 16 + k] = x[b + 2 * k + 1];
@@ -426,11 +429,14 @@ INLINE int linear(const int64_t *model, const int64_t *l, const float *x, const 
     return 0;
 }
 
-INLINE int needs_order(const int64_t *l, int n)
+/* h += W x (+ bias): the residual stream's products (o and down); t is scratch */
+INLINE int add_linear(const int64_t *model, const int64_t *l, const float *x, long len,
+                      float *ordered, float *t, float *h, long hidden)
 {
-    for (int i = 0; i < n; i++)
-        if (l[i * LIN_SLOTS + LIN_KIND] == KIND_QUANT && l[i * LIN_SLOTS + LIN_BITS] == 4)
-            return 1;
+    if (linear(model, l, x, order_for(l, 1, x, len, ordered), t))
+        return -1;
+    for (long j = 0; j < hidden; j++)
+        h[j] += t[j];
     return 0;
 }
 
@@ -460,7 +466,7 @@ int mlxr_decode_row(const int64_t *model, float *h, const float *diag, const flo
         const int64_t *c = context + i * C_SLOTS;
         rms_norm_into(x, h, PTR(const float *, y[Y_ATTN_NORM]), hidden,
                       slot_double(y, Y_ATTN_EPS));
-        const float *xo = needs_order(lin, 3) ? kernel_order(x, hidden, 4, ordered) : x;
+        const float *xo = order_for(lin, 3, x, hidden, ordered);
         if (linear(model, lin + LQ * LIN_SLOTS, x, xo, q) ||
             linear(model, lin + LK * LIN_SLOTS, x, xo, k) ||
             linear(model, lin + LV * LIN_SLOTS, x, xo, v))
@@ -491,25 +497,18 @@ int mlxr_decode_row(const int64_t *model, float *h, const float *diag, const flo
                                         kv_heads) != 0) {
             return -1;
         }
-        const float *ao = needs_order(lin + LO * LIN_SLOTS, 1) ?
-                          kernel_order(attended, heads * dim, 4, ordered) : attended;
-        if (linear(model, lin + LO * LIN_SLOTS, attended, ao, t))
+        if (add_linear(model, lin + LO * LIN_SLOTS, attended, heads * dim, ordered, t, h,
+                       hidden))
             return -1;
-        for (long j = 0; j < hidden; j++)
-            h[j] += t[j];
         rms_norm_into(x, h, PTR(const float *, y[Y_MLP_NORM]), hidden,
                       slot_double(y, Y_MLP_EPS));
-        xo = needs_order(lin + LGATE * LIN_SLOTS, 2) ? kernel_order(x, hidden, 4, ordered) : x;
+        xo = order_for(lin + LGATE * LIN_SLOTS, 2, x, hidden, ordered);
         if (linear(model, lin + LGATE * LIN_SLOTS, x, xo, g) ||
             linear(model, lin + LUP * LIN_SLOTS, x, xo, u))
             return -1;
         silu_times_into(g, g, u, inter);
-        const float *mo = needs_order(lin + LDOWN * LIN_SLOTS, 1) ?
-                          kernel_order(g, inter, 4, ordered) : g;
-        if (linear(model, lin + LDOWN * LIN_SLOTS, g, mo, t))
+        if (add_linear(model, lin + LDOWN * LIN_SLOTS, g, inter, ordered, t, h, hidden))
             return -1;
-        for (long j = 0; j < hidden; j++)
-            h[j] += t[j];
     }
     rms_norm_into(out, h, PTR(const float *, model[M_NORM]), hidden,
                   slot_double(model, M_NORM_EPS));
