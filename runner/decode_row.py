@@ -7,8 +7,9 @@ the key and value writes, the attention call, SwiGLU, residual adds), each a few
 microseconds of interpreter and dispatch. On a 0.6B model's 28 layers that was 5-6 ms of a
 20 ms body, where the products alone took 15 (docs/PERFORMANCE.md, "One row's step in one C
 call"). The C side runs the same arithmetic: the products through the same kernels (the
-quantized kernel's `mlxr_quant_rows_parts`, or OpenBLAS's `cblas_sgemv` for float32
-weights, handed in as function pointers), the attention through `mlxr_attend_position`.
+quantized kernel's `mlxr_quant_rows_parts`, or `mlxr_quant_super_parts` for a weight with
+`SuperScales`; OpenBLAS's `cblas_sgemv` for float32 weights; each handed in as a function
+pointer), the attention through `mlxr_attend_position`.
 
 `DecodeRow.bind` answers None (and the body keeps its numpy path) unless every linear is
 bound for one of those two kernels, the RoPE has tables (`RopeTables`), and the attention
@@ -30,9 +31,9 @@ from mlxr.runner.kv.attend_kernel import POOL_FLOATS, AttendKernel, address, pie
 from mlxr.runner.quant_kernel import QuantKernel, QuantizedWeight, parts_for
 
 # The C side's slots (attend_kernel.c): the model's header, a linear, a layer, a layer's context.
-M_HEADER = 15
+M_HEADER = 16
 LIN_SLOTS = 10
-KIND_QUANT, KIND_FLOAT = 1, 2
+KIND_QUANT, KIND_FLOAT, KIND_SUPER = 1, 2, 3
 Y_LINEARS = 9
 L_STRIDE = Y_LINEARS + 7 * LIN_SLOTS
 C_SLOTS = 7
@@ -102,7 +103,8 @@ class DecodeRow:
                   address(sgemv) if sgemv is not None else 0,
                   address(quant.parts) if quant is not None else 0,
                   host_parallel.workers(), POOL_FLOATS, _keep(keep, partner),
-                  _keep(keep, body.norm[0]), _bits(body.norm[1]), _keep(keep, scratch)]
+                  _keep(keep, body.norm[0]), _bits(body.norm[1]), _keep(keep, scratch),
+                  address(quant.super_parts) if quant is not None else 0]
         assert len(header) == M_HEADER and len(slots) == L_STRIDE * len(layers)
         model = np.array(header + slots, dtype=np.int64)
         return cls(attend.decode, model, keep, body.embed, body.rope_tables, hidden,
@@ -154,6 +156,11 @@ def _linear_slots(linear, keep: list, sgemv, quant: QuantKernel | None) -> list[
     where it is bound for neither kernel."""
     weight, bias = getattr(linear, "weight", None), getattr(linear, "bias", None)
     bias_at = 0 if bias is None else _keep(keep, bias)
+    if isinstance(weight, QuantizedWeight) and quant is not None and weight.supers is not None:
+        rows, depth = weight.shape
+        return [KIND_SUPER, _keep(keep, weight.q), _keep(keep, weight.supers.codes),
+                _keep(keep, weight.supers.factors), weight.bits, weight.group, rows, depth,
+                bias_at, parts_for(weight)]
     if isinstance(weight, QuantizedWeight) and quant is not None:
         rows, depth = weight.shape
         return [KIND_QUANT, _keep(keep, weight.q), _keep(keep, weight.scales),

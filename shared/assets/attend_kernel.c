@@ -293,9 +293,9 @@ void mlxr_attend_rows(const void *args, long a, long z)
  * products: the norms, RoPE, the key and value writes, the softmax's call, SwiGLU, the
  * residual adds. On a 0.6B model (28 layers) that was 5-6 ms of a 20 ms body. Here one call
  * does the whole step: the products through the quantized kernel's `mlxr_quant_rows_parts` or
- * BLAS's `cblas_sgemv` (function pointers the caller hands in), the attention through
- * `mlxr_attend_position` (split on the quantized kernel's workers by `mlxr_parts` from
- * `pool_floats` floats of context), and everything between in plain loops.
+ * `mlxr_quant_super_parts`, or BLAS's `cblas_sgemv` (function pointers the caller hands in),
+ * the attention through `mlxr_attend_position` (split on the quantized kernel's workers by
+ * `mlxr_parts` from `pool_floats` floats of context), and everything between in plain loops.
  *
  * The model is a table of int64 slots (M_* then L_STRIDE per layer, each linear LIN_SLOTS);
  * doubles (epsilons, the attention scale) are stored by their bits. */
@@ -303,6 +303,8 @@ void mlxr_attend_rows(const void *args, long a, long z)
 typedef int (*quant_fn)(const uint8_t *q, int bits, long h, int group, const float *scales,
                         const float *biases, const float *x, int lanes, float *out, long v,
                         int b, long j0, long j1, int parts);
+typedef int (*super_fn)(const uint8_t *q, long h, const uint8_t *codes, const float *factors,
+                        const float *x, float *out, long v, long j0, long j1, int parts);
 typedef void (*sgemv_fn)(int order, int trans, int m, int n, float alpha, const float *a,
                          int lda, const float *x, int incx, float beta, float *y, int incy);
 typedef void (*job_fn)(const void *args, long a, long z);
@@ -310,13 +312,15 @@ typedef void (*parts_fn)(job_fn fn, const void *args, long n, int parts);
 
 enum { /* the model's header */
     M_LAYERS, M_HIDDEN, M_HEADS, M_KV_HEADS, M_DIM, M_INTER, M_QUANT, M_SGEMV, M_PARTS,
-    M_WORKERS, M_POOL_FLOATS, M_PARTNER, M_NORM, M_NORM_EPS, M_SCRATCH, M_HEADER
+    M_WORKERS, M_POOL_FLOATS, M_PARTNER, M_NORM, M_NORM_EPS, M_SCRATCH, M_SUPER, M_HEADER
 };
 enum { /* a linear layer */
     LIN_KIND, LIN_W, LIN_SCALES, LIN_BIASES, LIN_BITS, LIN_GROUP, LIN_OUT, LIN_IN, LIN_BIAS,
     LIN_PARTS, LIN_SLOTS
 };
-enum { KIND_QUANT = 1, KIND_FLOAT = 2 };
+/* KIND_SUPER: a 4-bit weight whose scales and biases come as super-blocks, LIN_SCALES its
+ * codes and LIN_BIASES its factors (`mlxr_quant_super_parts`) */
+enum { KIND_QUANT = 1, KIND_FLOAT = 2, KIND_SUPER = 3 };
 enum { /* a layer: its norms and scale, then its seven linears */
     Y_ATTN_NORM, Y_ATTN_EPS, Y_MLP_NORM, Y_MLP_EPS, Y_Q_NORM, Y_Q_EPS, Y_K_NORM, Y_K_EPS,
     Y_SCALE, Y_LINEARS
@@ -386,15 +390,24 @@ INLINE void silu_times_into(float *out, const float *g, const float *u, long n)
         out[i] = g[i] / (1.0f + __builtin_expf(-g[i])) * u[i];
 }
 
-/* x in the quantized kernel's 4-bit order (each block of 32 as its 16 even positions, then
- * its 16 odd ones) where one of the n linears from l reads 4 bits, else x itself */
+/* x in the quantized kernel's 4-bit order for one row where one of the n linears from l
+ * reads 4 bits, else x itself (runner/quant_kernel.py `one_row_order`): a length that is a
+ * multiple of 128, each block of 128 transposed from (16, 8) to (8, 16); else each block of
+ * 32 as its 16 even positions, then its 16 odd ones */
 INLINE const float *order_for(const int64_t *l, int n, const float *x, long len, float *into)
 {
     int four = 0;
     for (int i = 0; i < n; i++)
-        four |= l[i * LIN_SLOTS + LIN_KIND] == KIND_QUANT && l[i * LIN_SLOTS + LIN_BITS] == 4;
+        four |= l[i * LIN_SLOTS + LIN_KIND] != KIND_FLOAT && l[i * LIN_SLOTS + LIN_BITS] == 4;
     if (!four)
         return x;
+    if (len % 128 == 0) {
+        for (long b = 0; b < len; b += 128)
+            for (long k = 0; k < 8; k++)
+                for (long i = 0; i < 16; i++)
+                    into[b + 16 * k + i] = x[b + 8 * i + k];
+        return into;
+    }
     for (long b = 0; b < len; b += 32)
         for (long k = 0; k < 16; k++) {
             into[b + k] = x[b + 2 * k];
@@ -416,6 +429,12 @@ INLINE int linear(const int64_t *model, const int64_t *l, const float *x, const 
                                           PTR(const float *, l[LIN_BIASES]),
                                           bits == 4 ? ordered : x, 1, out, rows, 1, 0, rows,
                                           (int)l[LIN_PARTS]) != 0)
+            return -1;
+    } else if (l[LIN_KIND] == KIND_SUPER) {
+        if (PTR(super_fn, model[M_SUPER])(PTR(const uint8_t *, l[LIN_W]), depth,
+                                          PTR(const uint8_t *, l[LIN_SCALES]),
+                                          PTR(const float *, l[LIN_BIASES]), ordered, out, rows,
+                                          0, rows, (int)l[LIN_PARTS]) != 0)
             return -1;
     } else {
         PTR(sgemv_fn, model[M_SGEMV])(101, 111, (int)rows, (int)depth, 1.0f,

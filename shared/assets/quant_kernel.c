@@ -32,6 +32,9 @@
 #define MAX_GROUP 128 /* the largest group size taken */
 #define AHEAD_ROWS 16 /* weight rows prefetched ahead */
 #define SEQ_AHEAD 4096 /* bytes prefetched ahead along a sequential stream */
+#define ROW4_BLOCK 128 /* weights a block of QROW4, which takes depths that are multiples */
+#define SUPER_GROUPS 8 /* groups of 32 in a super-block: a Q4_K block's 256 weights */
+#define SUPER_AHEAD 8 /* rows ahead that a super-block weight's codes are prefetched */
 
 /* The 64-byte lines that start in bytes [from, from + n) of a row, AHEAD_ROWS rows on: without
  * it one core read a weight at about half the speed (row_kernel.c found the same). */
@@ -170,8 +173,7 @@
             }                                                                                 \
             for (; g < groups; g++)                                                           \
                 sum += z[g] * xs[g];                                                          \
-            _Pragma("GCC unroll 16") for (int i = 0; i < W; i++) sum += total[i];             \
-            out[j] = sum;                                                                     \
+            out[j] = sum + HSUM_##W(total);                                                   \
         }                                                                                     \
     }
 
@@ -203,8 +205,7 @@
                 LOAD(x1, xg + k + W);                                                         \
             } else { /* W bytes: W even positions (low halves), W odd ones (high halves) */  \
                 vi u = (vi)BYTES(p + k / 2);                                                  \
-                w0 = __builtin_convertvector(u & 15, vf);                                     \
-                w1 = __builtin_convertvector(u >> 4, vf);                                     \
+                NIBBLES_##W(u, w0, w1);                                                       \
                 int at = k / 2 / 16 * 32 + k / 2 % 16;                                        \
                 LOAD(x0, xg + at);                                                            \
                 LOAD(x1, xg + at + 16);                                                       \
@@ -217,8 +218,131 @@
                 t1 += w1 * x1;                                                                \
             }                                                                                 \
         }                                                                                     \
-        A += (vf){0} + s[g] * (G == 2 * W ? t0 : t0 + t1);                                    \
+        A += s[g] * (G == 2 * W ? t0 : t0 + t1); /* one multiply-add where the CPU has FMA */ \
     } while (0)
+
+/* One input row times a 4-bit weight whose depth is a multiple of ROW4_BLOCK (128): QSEQ's
+ * work, read another way. A block's 64 bytes are 16 32-bit words; word i holds the block's
+ * weights 8i .. 8i + 7, weight 8i + k in its nibble k. So W words at a time, the nibbles k
+ * of each word, shifted down, are W weights 8 apart: on AVX-512 one vpermps each makes them
+ * floats (a lookup by the low 4 bits), with no widening load (QSEQ's vpmovzxbd and two
+ * lookups a 32 weights were the kernel's bound: 12.8 -> 17-19 G weights/s on a Zen 4 core).
+ * x comes in the matching order, each block transposed: x[128 b + 16 k + i] holds position
+ * 128 b + 8 i + k (runner/quant_kernel.py `kernel_layout`). Lanes of one group share a scale:
+ * G / 8 lanes a group, so a vector's scales are a lookup too where a group is narrower. The
+ * biases are QSEQ's: one dot product a row with the groups' sums of x. */
+#define QROW4(NAME, ATTR, W, G)                                                               \
+    static ATTR void NAME(const uint8_t *q, long h, const float *sc, const float *bi,         \
+                          const float *x, float *out, long j0, long j1)                       \
+    {                                                                                         \
+        ROW4_SUMS(W, G)                                                                       \
+        for (long j = j0; j < j1; j++) {                                                      \
+            const float *s = sc + j * groups, *z = bi + j * groups;                           \
+            ROW4_ROW(W, G)                                                                    \
+        }                                                                                     \
+    }
+
+/* QROW4 for a weight whose scales and biases come in super-blocks of SUPER_GROUPS groups of
+ * 32 (`mlxr_quant_super_parts`): each row's are rebuilt on the stack first, the floats QROW4
+ * would have read. */
+#define QROW4_SUPER(NAME, ATTR, W)                                                            \
+    static ATTR void NAME(const uint8_t *q, long h, const uint8_t *codes,                     \
+                          const float *factors, const float *x, float *out, long j0, long j1) \
+    {                                                                                         \
+        enum { G = 32 };                                                                      \
+        ROW4_SUMS(W, G)                                                                       \
+        const long supers = groups / SUPER_GROUPS;                                            \
+        float s[groups], z[groups];                                                           \
+        for (long j = j0; j < j1; j++) {                                                      \
+            const uint8_t *c = codes + j * 2 * groups;                                        \
+            const float *f = factors + j * 2 * supers;                                        \
+            __builtin_prefetch(c + 2 * groups * SUPER_AHEAD);                                 \
+            __builtin_prefetch(f + 2 * supers * SUPER_AHEAD);                                 \
+            for (long b = 0; b < supers; b++) {                                               \
+                CODES_##W(s + b * SUPER_GROUPS, c + b * SUPER_GROUPS, f[b]);                  \
+                CODES_##W(z + b * SUPER_GROUPS, c + groups + b * SUPER_GROUPS, f[supers + b]); \
+            }                                                                                 \
+            ROW4_ROW(W, G)                                                                    \
+        }                                                                                     \
+    }
+
+/* QROW4's types, and xs[g]: each group's sum of x, from x's transposed blocks */
+#define ROW4_SUMS(W, G)                                                                       \
+    typedef float vf __attribute__((vector_size(4 * W)));                                     \
+    typedef int32_t vi __attribute__((vector_size(4 * W), unused));                           \
+    typedef uint32_t vu __attribute__((vector_size(4 * W)));                                  \
+    enum { LANES_A_GROUP = G / 8, PARTS = 16 / W };                                           \
+    const long rowbytes = h / 2, groups = h / G, blocks = h / ROW4_BLOCK;                     \
+    float xs[groups];                                                                         \
+    for (long g = 0; g < groups; g++)                                                         \
+        xs[g] = 0;                                                                            \
+    for (long b = 0; b < blocks; b++) {                                                       \
+        float lane[16] = {0};                                                                 \
+        for (int k = 0; k < 8; k++)                                                           \
+            for (int i = 0; i < 16; i++)                                                      \
+                lane[i] += x[b * ROW4_BLOCK + 16 * k + i];                                    \
+        for (int i = 0; i < 16; i++)                                                          \
+            xs[b * ROW4_BLOCK / G + i / LANES_A_GROUP] += lane[i];                            \
+    }
+
+/* QROW4's out[j], for weight row j with scales s and biases z */
+#define ROW4_ROW(W, G)                                                                        \
+    const uint8_t *row = q + j * rowbytes;                                                    \
+    vf a0 = {0}, a1 = {0};                                                                    \
+    for (long b = 0; b < blocks; b++) {                                                       \
+        const uint8_t *p = row + b * 64;                                                      \
+        const long g0 = b * ROW4_BLOCK / G;                                                   \
+        __builtin_prefetch(p + SEQ_AHEAD);                                                    \
+        if (!(g0 % 16)) {                                                                     \
+            __builtin_prefetch(s + g0 + SEQ_AHEAD / 4);                                       \
+            __builtin_prefetch(z + g0 + SEQ_AHEAD / 4);                                       \
+        }                                                                                     \
+        _Pragma("GCC unroll 4") for (int part = 0; part < PARTS; part++) {                    \
+            vu u;                                                                             \
+            LOAD(u, p + part * 4 * W);                                                        \
+            const float *xb = x + b * ROW4_BLOCK + part * W;                                  \
+            vf t0 = {0}, t1 = {0};                                                            \
+            _Pragma("GCC unroll 8") for (int k = 0; k < 8; k += 2) {                          \
+                vf x0, x1;                                                                    \
+                LOAD(x0, xb + 16 * k);                                                        \
+                LOAD(x1, xb + 16 * k + 16);                                                   \
+                t0 += NIBBLE_##W(u, k) * x0;                                                  \
+                t1 += NIBBLE_##W(u, k + 1) * x1;                                              \
+            }                                                                                 \
+            vf scale = SCALES_##W(s + g0 + part * W / LANES_A_GROUP, LANES_A_GROUP);          \
+            if ((b * PARTS + part) & 1)                                                       \
+                a1 += scale * (t0 + t1);                                                      \
+            else                                                                              \
+                a0 += scale * (t0 + t1);                                                      \
+        }                                                                                     \
+    }                                                                                         \
+    vf total = a0 + a1;                                                                       \
+    float sum = 0;                                                                            \
+    long g = 0;                                                                               \
+    for (; g + W <= groups; g += W) {                                                         \
+        vf zv, xv;                                                                            \
+        LOAD(zv, z + g);                                                                      \
+        LOAD(xv, xs + g);                                                                     \
+        total += zv * xv;                                                                     \
+    }                                                                                         \
+    for (; g < groups; g++)                                                                   \
+        sum += z[g] * xs[g];                                                                  \
+    out[j] = sum + HSUM_##W(total);
+
+/* QROW4 for each group size, and its driver */
+#define ROW4(SUFFIX, ATTR, W)                                                                 \
+    QROW4(row4_##SUFFIX##_g32, ATTR, W, 32)                                                   \
+    QROW4(row4_##SUFFIX##_g64, ATTR, W, 64)                                                   \
+    QROW4(row4_##SUFFIX##_g128, ATTR, W, 128)                                                 \
+    QROW4_SUPER(super_##SUFFIX, ATTR, W)                                                      \
+    static ATTR void row4_##SUFFIX(const uint8_t *q, long h, int group, const float *sc,      \
+                                   const float *bi, const float *x, float *out, long j0,      \
+                                   long j1)                                                   \
+    {                                                                                         \
+        (group == 32 ? row4_##SUFFIX##_g32 : group == 64 ? row4_##SUFFIX##_g64                \
+                                                         : row4_##SUFFIX##_g128)(             \
+            q, h, sc, bi, x, out, j0, j1);                                                    \
+    }
 
 /* A tile of T weight rows for L (8 or 16) input rows, the shape of row_kernel.c: each
  * group of the tile is dequantized into a buffer on the stack (in L1), then each of its
@@ -330,6 +454,23 @@
             q, h, sc, bi, x, lanes, out, v, b, j0, j1);                                       \
     }
 
+/* A 4-bit load's lanes u as floats: lo, their low halves, and hi, their high ones. */
+#define NIBBLES_4(u, lo, hi)                                                                  \
+    (lo = __builtin_convertvector((u) & 15, vf), hi = __builtin_convertvector((u) >> 4, vf))
+#define NIBBLES_8(u, lo, hi) NIBBLES_4(u, lo, hi)
+/* QROW4: nibble k of each 32-bit lane of u as floats; a vector's scales from s, L lanes a
+ * group (W = 4: every group is at least 4 lanes) */
+#define NIBBLE_4(u, k) __builtin_convertvector((vi)(((u) >> (4 * (k))) & 15), vf)
+#define NIBBLE_8(u, k) NIBBLE_4(u, k)
+#define SCALES_4(s, L) ((vf){0} + *(s))
+/* A vector's lanes summed as a tree: a chain of W dependent adds a weight row was as long as
+ * a short row's products (1,024 weights: 8 blocks against 16 adds of 4 cycles each) */
+#define HSUM_4(v) (((v)[0] + (v)[2]) + ((v)[1] + (v)[3]))
+/* out[0..8) = the 8 codes at c times the factor f */
+#define CODES_4(out, c, f)                                                                    \
+    for (int i_ = 0; i_ < SUPER_GROUPS; i_++)                                                 \
+        (out)[i_] = (f) * (c)[i_];
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(MLXR_QUANT_GENERIC)
 #define X86 1
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
@@ -337,10 +478,47 @@
 #include <immintrin.h>
 #define BYTES16(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
 #define BYTES8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+/* AVX-512: a lookup of 0..15 as floats by each lane's low 4 bits (vpermps reads no others),
+ * where the AND and the conversion took two instructions */
+#define NIBBLES_16(u, lo, hi)                                                                 \
+    (lo = (vf)_mm512_permutexvar_ps((__m512i)(u), NIBBLE_VALUES),                             \
+     hi = (vf)_mm512_permutexvar_ps((__m512i)((u) >> 4), NIBBLE_VALUES))
+#define NIBBLE_16(u, k) ((vf)_mm512_permutexvar_ps((__m512i)((u) >> (4 * (k))), NIBBLE_VALUES))
+#define SCALES_16(s, L)                                                                       \
+    ((L) >= 16 ? (vf){0} + *(s)                                                               \
+     : (L) == 8                                                                               \
+         ? (vf)_mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, \
+                                                       1, 1),                                 \
+                                     _mm512_castps128_ps512(TWO_FLOATS(s)))                   \
+         : (vf)_mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, \
+                                                       3, 3),                                 \
+                                     _mm512_castps128_ps512(_mm_loadu_ps(s))))
+#define SCALES_8(s, L)                                                                        \
+    ((L) >= 8 ? (vf){0} + *(s)                                                                \
+     : (vf)_mm256_permutevar8x32_ps(_mm256_castps128_ps256(TWO_FLOATS(s)),                   \
+                                    _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)))
+#define TWO_FLOATS(s) _mm_castpd_ps(_mm_load_sd((const double *)(s)))
+#define HSUM_16(v) _mm512_reduce_add_ps((__m512)(v))
+#define HSUM_8(v) hsum8((__m256)(v))
+static inline __attribute__((target("avx2,fma"))) float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#define CODES_16(out, c, f)                                                                   \
+    _mm256_storeu_ps((out), _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(            \
+                                              _mm_loadl_epi64((const __m128i *)(c)))),        \
+                                          _mm256_set1_ps(f)))
+#define CODES_8(out, c, f) CODES_16(out, c, f)
+#define NIBBLE_VALUES                                                                         \
+    _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 WIDTH(w16b8, AVX512, 16, 8, BYTES16)
 WIDTH(w16b4, AVX512, 16, 4, BYTES16)
+ROW4(w16, AVX512, 16)
 WIDTH(w8b8, AVX2, 8, 8, BYTES8)
 WIDTH(w8b4, AVX2, 8, 4, BYTES8)
+ROW4(w8, AVX2, 8)
 #else
 #define X86 0
 #endif
@@ -349,6 +527,7 @@ WIDTH(w8b4, AVX2, 8, 4, BYTES8)
 #define BYTES4(p) ((vi){(p)[0], (p)[1], (p)[2], (p)[3]})
 WIDTH(w4b8, , 4, 8, BYTES4)
 WIDTH(w4b4, , 4, 4, BYTES4)
+ROW4(w4, , 4)
 
 static int width; /* the copy in use: 16, 8 or 4 floats a vector; 0 until chosen */
 
@@ -395,6 +574,11 @@ int mlxr_quant_rows(const uint8_t *q, int bits, long h, int group, const float *
         return -1;
 #if X86
     int copy = mlxr_quant_width();
+    if (bits == 4 && lanes == 1 && h % ROW4_BLOCK == 0) {
+        (copy == 16 ? row4_w16 : copy == 8 ? row4_w8 : row4_w4)(q, h, group, scales, biases, x,
+                                                               out, j0, j1);
+        return 0;
+    }
     if (copy == 16) {
         (bits == 8 ? range_w16b8 : range_w16b4)(q, h, group, scales, biases, x, lanes, out, v,
                                                 b, j0, j1);
@@ -403,6 +587,11 @@ int mlxr_quant_rows(const uint8_t *q, int bits, long h, int group, const float *
     if (copy == 8) {
         (bits == 8 ? range_w8b8 : range_w8b4)(q, h, group, scales, biases, x, lanes, out, v, b,
                                               j0, j1);
+        return 0;
+    }
+#else
+    if (bits == 4 && lanes == 1 && h % ROW4_BLOCK == 0) {
+        row4_w4(q, h, group, scales, biases, x, out, j0, j1);
         return 0;
     }
 #endif
@@ -581,25 +770,76 @@ static void rows_job(const void *args, long j0, long j1)
                     p->out, p->v, p->b, j0, j1);
 }
 
-/* `mlxr_quant_rows` over [j0, j1) in `parts` ranges (multiples of 8 weight rows), all but the
- * last on the workers, the last on the calling thread; returns once every range is done.
- * Fewer parts where threads cannot be started. */
-int mlxr_quant_rows_parts(const uint8_t *q, int bits, long h, int group, const float *scales,
-                          const float *biases, const float *x, int lanes, float *out, long v,
-                          int b, long j0, long j1, int parts)
+/* fn over [j0, j1) in up to `parts` ranges (multiples of 8 weight rows), all but the last on
+ * the workers, the last on the calling thread; returns once every range is done. Fewer parts
+ * where threads cannot be started. */
+static void rows_in_parts(job_fn fn, const void *args, long j0, long j1, int parts)
 {
     long tiles = (j1 - j0 + 7) / 8;
     if (parts > tiles)
         parts = (int)tiles;
-    if (refused(bits, h, group, lanes, v, b, j0, j1) || (parts = take_workers(parts)) <= 1)
-        return mlxr_quant_rows(q, bits, h, group, scales, biases, x, lanes, out, v, b, j0, j1);
-    rows_args args = {q, scales, biases, x, out, h, v, bits, group, lanes, b};
+    if ((parts = take_workers(parts)) <= 1) {
+        fn(args, j0, j1);
+        return;
+    }
     long bounds[MAX_WORKERS + 2];
     for (int i = 0; i < parts; i++)
         bounds[i] = j0 + tiles * i / parts * 8;
     bounds[parts] = j1;
-    run_parts(rows_job, &args, bounds, parts);
+    run_parts(fn, args, bounds, parts);
     pthread_mutex_unlock(&caller_mu);
+}
+
+/* `mlxr_quant_rows` over [j0, j1) in up to `parts` ranges (`rows_in_parts`). */
+int mlxr_quant_rows_parts(const uint8_t *q, int bits, long h, int group, const float *scales,
+                          const float *biases, const float *x, int lanes, float *out, long v,
+                          int b, long j0, long j1, int parts)
+{
+    if (refused(bits, h, group, lanes, v, b, j0, j1))
+        return -1;
+    rows_args args = {q, scales, biases, x, out, h, v, bits, group, lanes, b};
+    rows_in_parts(rows_job, &args, j0, j1, parts);
+    return 0;
+}
+
+/* One row times a 4-bit weight in groups of 32 whose scales and biases come in super-blocks
+ * of SUPER_GROUPS groups (runner/quant_kernel.py `SuperScales`, a Q4_K import's own form):
+ * codes (v, 2 * groups) bytes, each row's scale codes then its bias codes; factors
+ * (v, 2 * supers) float32, each row's scale factors then its bias factors. Group g's scale is
+ * factors[g / 8] * codes[g], its bias factors[supers + g / 8] * codes[groups + g]. x (1, h)
+ * in QROW4's order; out[j] for j0 <= j < j1, split as `mlxr_quant_rows_parts` splits. Returns
+ * 0, or -1 for arguments it does not take (h not a multiple of 256). */
+typedef struct {
+    const uint8_t *q, *codes;
+    const float *factors, *x;
+    float *out;
+    long h;
+} super_args;
+
+static void super_job(const void *args, long j0, long j1)
+{
+    const super_args *p = args;
+#if X86
+    int copy = mlxr_quant_width();
+    if (copy == 16) {
+        super_w16(p->q, p->h, p->codes, p->factors, p->x, p->out, j0, j1);
+        return;
+    }
+    if (copy == 8) {
+        super_w8(p->q, p->h, p->codes, p->factors, p->x, p->out, j0, j1);
+        return;
+    }
+#endif
+    super_w4(p->q, p->h, p->codes, p->factors, p->x, p->out, j0, j1);
+}
+
+int mlxr_quant_super_parts(const uint8_t *q, long h, const uint8_t *codes, const float *factors,
+                           const float *x, float *out, long v, long j0, long j1, int parts)
+{
+    if (h < 32 * SUPER_GROUPS || h % (32 * SUPER_GROUPS) || j0 < 0 || j1 > v || j0 > j1)
+        return -1;
+    super_args args = {q, codes, factors, x, out, h};
+    rows_in_parts(super_job, &args, j0, j1, parts);
     return 0;
 }
 

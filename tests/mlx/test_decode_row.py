@@ -1,6 +1,6 @@
 """One row's decode step in one C call (runner/decode_row.py, `mlxr_decode_row` in
 shared/assets/attend_kernel.c): the same hidden state, keys and values as the numpy body's own
-row path, for float32 (OpenBLAS) and quantized layers, biases, per-head norms, a context in
+row path, for float32 (OpenBLAS) and quantized layers (a Q4_K import's among them), biases, per-head norms, a context in
 several pieces and long enough to split the attention across the workers; large gate values
 through its SwiGLU; greedy tokens equal to mlx-lm's through a runner's model step; where it
 does not apply, the numpy path serves."""
@@ -23,6 +23,7 @@ from mlxr.supervisor.store.random_model import write_random_model
 from tests.mlx.test_heads import probed_blas
 from tests.mlx.test_host_attention import mlx_lm_greedy
 from tests.mlx.test_host_body import arch_models  # noqa: F401 (a fixture)
+from tests.mlx.test_quant_kernel import q4_k_layer
 from tests.mlx.test_row_kernel import five_greedy_rows
 
 
@@ -111,6 +112,25 @@ def test_quantized_layers_equal_the_numpy_rows_step(tmp_path, bits, group):
     mx.eval(model.parameters())
     body = HostBody.find(model, probed_blas())
     assert body is not None and body.quantized and body.decode_row is not None
+    assert_same(*both_ways(body, 9, [16, 5]))
+
+
+def test_a_q4_k_imports_super_block_layers_equal_the_numpy_rows_step(tmp_path):
+    model, _, config = load(str(write_random_model(tmp_path, arch="qwen2")), return_config=True)
+    fix_model(model, config)
+    rows.install(model)
+    nn.quantize(model, group_size=32, bits=4)
+    for _, layer in model.named_modules():  # each weight as a GGUF Q4_K import holds it
+        if isinstance(layer, nn.QuantizedLinear):
+            q4_k, _ = q4_k_layer(*layer.weight.shape[:1], layer.weight.shape[1] * 8,
+                                 seed=layer.weight.shape[0])
+            layer.weight, layer.scales, layer.biases = q4_k.weight, q4_k.scales, q4_k.biases
+    mx.eval(model.parameters())
+    body = HostBody.find(model, probed_blas())
+    assert body is not None and body.decode_row is not None
+    start = decode_row.M_HEADER + decode_row.Y_LINEARS  # the first layer's seven linears
+    kinds = body.decode_row._model[start:start + 7 * decode_row.LIN_SLOTS:decode_row.LIN_SLOTS]
+    assert set(kinds) == {decode_row.KIND_SUPER}
     assert_same(*both_ways(body, 9, [16, 5]))
 
 

@@ -1,6 +1,7 @@
 """The quantized kernel (runner/quant_kernel.py, shared/assets/quant_kernel.c): its products
 against the dequantized weight's for every bit count, group size, row count and vector width
-this CPU runs, and for the plain C build; its dequantization and embedding rows equal to
+this CPU runs, and for the plain C build; a Q4_K import's scales found as super-blocks where
+exact, and its products from them equal to those from float32 scales; its dequantization and embedding rows equal to
 MLX's; which layers it takes; and decoding a quantized model through it (body, head, prefill,
 prompts arriving together read in one pass) giving mlx-lm's greedy tokens for that model."""
 
@@ -20,11 +21,13 @@ from mlxr.runner import host_ops
 from mlxr.runner.host_ops import QUANT_ROWS, Gemm
 from mlxr.runner.decode_row import DecodeRow
 from mlxr.runner.model_step import ModelStep
-from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel, takes
+from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel, takes, with_supers
 from mlxr.shared import native
+from mlxr.supervisor.store.gguf.quants import quantize_q4_k, to_mlx
 from tests.mlx.test_heads import probed_blas
 from tests.mlx.test_host_attention import mlx_lm_greedy
 from tests.mlx.test_row_kernel import five_greedy_rows
+from gguf import GGMLQuantizationType as T
 
 ROWS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 40)  # every lane count; several passes
 
@@ -72,7 +75,9 @@ def products_match(kernel: QuantKernel, layer, dense: np.ndarray, rows=ROWS) -> 
 def test_the_kernel_gives_the_dequantized_weights_product(kernel, want, bits, group):
     width = kernel.use_width(want)
     assert width in (4, 8, 16) and width <= want
-    for shape in ((300, 256), (13, 128), (5, 384)):  # tails of 4 and 8 rows; under a tile
+    # tails of 4 and 8 rows; under a tile; depths in blocks of 128 (one row's 4-bit order
+    # transposes them) and, for groups of 32 and 64, not
+    for shape in ((300, 256), (13, 128), (5, 384), (9, 3 * group)):
         products_match(kernel, *quantized(*shape, bits, group))
 
 
@@ -91,6 +96,70 @@ def test_the_plain_c_build_gives_the_same_products(tmp_path):
     assert plain.width == 4 and plain.use_width(16) == 4
     for bits, group in ((8, 64), (4, 32)):
         products_match(plain, *quantized(300, 256, bits, group))
+    weight = QuantizedWeight.of(q4_k_layer(40, 512)[0])
+    x = np.random.default_rng(4).standard_normal((1, 512)).astype(np.float32)
+    outs = [np.empty((1, 40), np.float32) for _ in range(2)]
+    for w, out in zip((weight, with_supers(weight)), outs):
+        plain.product(w, x, out)
+    assert np.array_equal(*outs)
+
+
+def q4_k_layer(width: int, depth: int, seed: int = 0) -> tuple[nn.QuantizedLinear, np.ndarray]:
+    """A layer as a GGUF Q4_K import has it (supervisor/store/gguf/quants.py), and its
+    dequantized weight."""
+    x = np.random.default_rng(seed).standard_normal((width, depth)).astype(np.float32)
+    tensor = to_mlx(T.Q4_K, quantize_q4_k(x), (width, depth))
+    layer = nn.QuantizedLinear(depth, width, bias=False, group_size=32, bits=4)
+    layer.weight, layer.scales, layer.biases = (mx.array(a) for a in (
+        tensor.weight, tensor.scales, tensor.biases))
+    dense = mx.dequantize(layer.weight, layer.scales, layer.biases, 32, 4)
+    return layer, np.array(dense)
+
+
+@pytest.mark.parametrize("want", [16, 8, 4], ids=["avx512-or-less", "avx2-or-less", "plain"])
+def test_a_q4_k_imports_scales_as_super_blocks_give_the_same_products(kernel, want):
+    kernel.use_width(want)
+    layer, dense = q4_k_layer(300, 512)
+    weight = QuantizedWeight.of(layer)
+    supers = with_supers(weight).supers
+    assert supers is not None and supers.codes.max() == 63  # llama.cpp's scale: top code 63
+    assert supers.codes.shape == (300, 2 * 16) and supers.factors.shape == (300, 2 * 2)
+    groups = supers.codes[:, :16].reshape(300, 2, 8) * supers.factors[:, :2, None]
+    assert np.array_equal(groups.reshape(300, 16), weight.scales)  # exact, as the kernel rebuilds
+    x = np.random.default_rng(1).standard_normal((1, 512)).astype(np.float32)
+    plain, packed = (np.empty((1, 300), np.float32) for _ in range(2))
+    kernel.product(weight, x, plain)
+    kernel.product(with_supers(weight), x, packed)
+    assert np.array_equal(plain, packed)  # the same floats, the same sums
+    assert np.abs(packed[0] - dense @ x[0]).max() <= 1e-5 * np.abs(dense @ x[0]).max()
+    assert np.array_equal(kernel.one_row(with_supers(weight))(x[0]), plain[0])
+    products_match(kernel, layer, dense, rows=(2, 5, 16))  # several rows: the float32 scales
+
+
+def test_super_blocks_are_found_only_where_they_are_exact(kernel):
+    layer, _ = q4_k_layer(16, 256)
+    weight = QuantizedWeight.of(layer)
+    # An importance-weighted quantizer's top code may be under 63: still found.
+    codes = np.random.default_rng(3).integers(0, 41, weight.scales.shape).astype(np.float32)
+    factor = np.float32(np.float16(0.0123))
+    lower = QuantizedWeight(weight.q, (codes * factor).astype(np.float32), weight.biases,
+                            4, 32, weight.keep)
+    assert with_supers(lower).supers is not None
+    # MLX's own quantization: float32 scales of no such form, left as they are.
+    mlx_weight = QuantizedWeight.of(quantized(16, 256, 4, 32)[0])
+    assert with_supers(mlx_weight) is mlx_weight
+    # One group off by its last bit is enough.
+    bad = weight.scales.copy()
+    bad[5, 3] = np.nextafter(bad[5, 3], np.float32(np.inf))
+    assert with_supers(QuantizedWeight(weight.q, bad, weight.biases, 4, 32, weight.keep)) \
+        .supers is None
+    # Other layouts: 8 bits, groups of 64, fewer than 8 groups a row.
+    assert with_supers(QuantizedWeight.of(quantized(16, 256, 8, 32)[0])).supers is None
+    assert with_supers(QuantizedWeight.of(quantized(16, 256, 4, 64)[0])).supers is None
+    short = QuantizedWeight.of(q4_k_layer(16, 256)[0])
+    cut = QuantizedWeight(short.q[:, :64], short.scales[:, :4], short.biases[:, :4], 4, 32,
+                          short.keep)
+    assert with_supers(cut).supers is None
 
 
 def test_dequantized_weights_and_embedding_rows_equal_mlxs(kernel):
