@@ -17,7 +17,10 @@
  * kernels are compiled for each group size (32, 64, 128), so a group's loads unroll. A 4-bit
  * load gives the even elements (low nibbles) and the odd ones (high nibbles) of 2W weights,
  * so the rows come in a layout where each 32-element block holds its 16 even elements, then
- * its 16 odd ones (runner/quant_kernel.py makes it).
+ * its 16 odd ones (runner/quant_kernel.py makes it). One row times a 4-bit weight whose depth
+ * is a multiple of 128 (every decode step's products, on real models' shapes) is QROW4's:
+ * the weight read as 32-bit words, x in another order. A GGUF Q4_K import's scales and
+ * biases can also come as byte codes and a factor per 256 weights (`mlxr_quant_super_parts`).
  *
  * Built on demand by runner/quant_kernel.py with the system C compiler. On x86-64 (GCC or
  * clang) one copy is compiled for AVX-512 (16 floats a vector), one for AVX2 with FMA (8) and
@@ -225,8 +228,9 @@
  * work, read another way. A block's 64 bytes are 16 32-bit words; word i holds the block's
  * weights 8i .. 8i + 7, weight 8i + k in its nibble k. So W words at a time, the nibbles k
  * of each word, shifted down, are W weights 8 apart: on AVX-512 one vpermps each makes them
- * floats (a lookup by the low 4 bits), with no widening load (QSEQ's vpmovzxbd and two
- * lookups a 32 weights were the kernel's bound: 12.8 -> 17-19 G weights/s on a Zen 4 core).
+ * floats (a lookup by the low 4 bits), and no load widens bytes. QSEQ's widening loads were
+ * shuffles too, and a Zen 4 core's 512-bit shuffles bound it: one core on a 3,072 x 1,024
+ * weight took 173-227 us that way, 133-163 us this way (docs/PERFORMANCE.md, session 29).
  * x comes in the matching order, each block transposed: x[128 b + 16 k + i] holds position
  * 128 b + 8 i + k (runner/quant_kernel.py `kernel_layout`). Lanes of one group share a scale:
  * G / 8 lanes a group, so a vector's scales are a lookup too where a group is narrower. The
