@@ -176,7 +176,7 @@ def kernel_layout(x: np.ndarray, bits: int, lanes: int) -> np.ndarray:
     even positions, then its 16 odd ones); (lanes, in) for up to DOT_LANES lanes, else
     transposed, (in, lanes)."""
     b, depth = x.shape
-    order = one_row_order(bits, depth if lanes == 1 else 0)
+    order = one_row_order(bits, depth) if lanes == 1 else _EVEN_ODD if bits == 4 else None
     if order is not None:
         x = x.reshape(b, *order[1]).transpose(0, 1, 3, 2).reshape(b, depth)
     if b == lanes <= DOT_LANES:  # the rows as they are (a decode step's 150-200 products)
@@ -195,13 +195,14 @@ def one_row_order(bits: int, depth: int) -> tuple[tuple, tuple] | None:
     shapes (into, source) such that x.reshape(source).transpose(0, 2, 1), copied into the
     row's buffer reshaped to `into`, is that order; None for 8 bits (x as it is). 4 bits with a
     depth that is a multiple of ROW4_BLOCK: each block of 128 transposed from (16, 8) to
-    (8, 16) (QROW4); other depths (and 0, for several rows): each block of 32 as its 16 even
-    positions, then its 16 odd ones."""
+    (8, 16) (QROW4); other depths: _EVEN_ODD, the order of several rows."""
     if bits != 4:
         return None
-    if depth and depth % ROW4_BLOCK == 0:
-        return (-1, 8, 16), (-1, 16, 8)
-    return (-1, 2, 16), (-1, 16, 2)
+    return _BLOCKS if depth % ROW4_BLOCK == 0 else _EVEN_ODD
+
+
+_BLOCKS = ((-1, 8, 16), (-1, 16, 8))  # each 128 positions as (16, 8) transposed
+_EVEN_ODD = ((-1, 2, 16), (-1, 16, 2))  # each 32 positions: the 16 even ones, then the odd
 
 
 def parts_for(weight: QuantizedWeight) -> int:

@@ -166,19 +166,27 @@
             }                                                                                 \
             if (g < groups)                                                                   \
                 SEQ_GROUP(W, BITS, BYTES, G, g, a0);                                          \
-            vf total = a0 + a1;                                                               \
-            float sum = 0;                                                                    \
-            for (g = 0; g + W <= groups; g += W) {                                            \
-                vf zv, xv;                                                                    \
-                LOAD(zv, z + g);                                                              \
-                LOAD(xv, xs + g);                                                             \
-                total += zv * xv;                                                             \
-            }                                                                                 \
-            for (; g < groups; g++)                                                           \
-                sum += z[g] * xs[g];                                                          \
-            out[j] = sum + HSUM_##W(total);                                                   \
+            ROW_OUT(W);                                                                       \
         }                                                                                     \
     }
+
+/* out[j] = the accumulators a0 + a1, summed, plus the biases z (one dot product with the
+ * groups' sums of x, xs) */
+#define ROW_OUT(W)                                                                            \
+    do {                                                                                      \
+        vf total = a0 + a1;                                                                   \
+        float sum = 0;                                                                        \
+        long g_ = 0;                                                                          \
+        for (; g_ + W <= groups; g_ += W) {                                                   \
+            vf zv, xv;                                                                        \
+            LOAD(zv, z + g_);                                                                 \
+            LOAD(xv, xs + g_);                                                                \
+            total += zv * xv;                                                                 \
+        }                                                                                     \
+        for (; g_ < groups; g_++)                                                             \
+            sum += z[g_] * xs[g_];                                                            \
+        out[j] = sum + HSUM_##W(total);                                                       \
+    } while (0)
 
 /* QSEQ's group g into the accumulator A: A += s * sum(q * x) over the group. Each stream's
  * lines are prefetched SEQ_AHEAD bytes on, once a line: by the group that starts in its first
@@ -320,18 +328,7 @@
                 a0 += scale * (t0 + t1);                                                      \
         }                                                                                     \
     }                                                                                         \
-    vf total = a0 + a1;                                                                       \
-    float sum = 0;                                                                            \
-    long g = 0;                                                                               \
-    for (; g + W <= groups; g += W) {                                                         \
-        vf zv, xv;                                                                            \
-        LOAD(zv, z + g);                                                                      \
-        LOAD(xv, xs + g);                                                                     \
-        total += zv * xv;                                                                     \
-    }                                                                                         \
-    for (; g < groups; g++)                                                                   \
-        sum += z[g] * xs[g];                                                                  \
-    out[j] = sum + HSUM_##W(total);
+    ROW_OUT(W);
 
 /* QROW4 for each group size, and its driver */
 #define ROW4(SUFFIX, ATTR, W)                                                                 \
