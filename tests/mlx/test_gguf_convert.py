@@ -95,3 +95,18 @@ def test_quantized_imports_are_exact_and_close_to_their_float_values(arch, file_
     _, _, quantized = _run(tmp_path / "q")
     _, _, floats = _run(tmp_path / "f")
     assert _cosine(quantized, floats) >= 0.99
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2"], ids=["untied", "tied"])
+def test_q4_k_m_keeps_llama_cpps_q6_k_tensors(arch, sources, tmp_path):
+    path = write_gguf(sources(arch), tmp_path / "m.gguf", "Q4_K_M")  # 2 layers, hidden 256
+    gguf = read_gguf(path)
+    types = {t.name: T(t.ggml_type) for t in gguf.tensors}
+    head = "output.weight" if arch == "qwen3" else "token_embd.weight"
+    assert head in types
+    # llama.cpp's rule: the first and last eighth of the layers, and every third between; of
+    # 2 layers, the second
+    wide = {head, "blk.1.attn_v.weight", "blk.1.ffn_down.weight"}
+    assert {name for name, kind in types.items() if kind == T.Q6_K} == wide
+    assert {kind for name, kind in types.items() if name not in wide} == {T.Q4_K, T.F32}
+    assert gguf.kv["general.file_type"] == 15  # MOSTLY_Q4_K_M

@@ -4,8 +4,10 @@ benchmarks can make GGUF models from the random models nothing needs to download
 
 Tensor types, by the file type asked for (as llama.cpp picks them): 1-D tensors stay F32; a
 2-D tensor whose rows do not divide into the type's blocks falls back to F16 (F32 on "F32").
-"Q4_K_M" stores the output projection as Q6_K and every other matrix as Q4_K; "Q4_K" uses
-Q4_K throughout.
+"Q4_K_M" stores as Q6_K what llama.cpp's quantizer does: the output projection (the token
+embedding where the head is tied to it), and attn_v and ffn_down in the layers `_more_bits`
+picks (the first and last eighth, every third between); every other matrix as Q4_K. "Q4_K"
+uses Q4_K throughout.
 """
 
 from __future__ import annotations
@@ -29,19 +31,33 @@ def _load_float32(model_dir: Path) -> dict[str, np.ndarray]:
     return tensors
 
 
-def _tensor_type(file_type: str, gguf_name: str, shape: tuple[int, ...]):
+def _tensor_type(file_type: str, gguf_name: str, shape: tuple[int, ...], layers: int = 0,
+                 head: str = "output.weight"):
+    """The type of tensor `gguf_name`; `head`: the tensor the output projection reads (the token
+    embedding of a tied model), `layers`: the model's layer count."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
     if len(shape) < 2:
         return T.F32
     if file_type == "Q4_K_M":
-        wanted = T.Q6_K if gguf_name == "output.weight" else T.Q4_K
+        parts = gguf_name.split(".")
+        wider = gguf_name == head or (
+            len(parts) == 4 and parts[0] == "blk" and parts[2] in ("attn_v", "ffn_down")
+            and _more_bits(int(parts[1]), layers))
+        wanted = T.Q6_K if wider else T.Q4_K
     else:
         wanted = T[file_type]
     block = GGML_QUANT_SIZES[wanted][0]
     if shape[-1] % block:
         return T.F32 if file_type == "F32" else T.F16
     return wanted
+
+
+def _more_bits(layer: int, layers: int) -> bool:
+    """Whether a Q4_K_M file keeps layer `layer`'s attn_v and ffn_down at Q6_K, as llama.cpp
+    does: the first and last eighth of the layers, and every third layer between."""
+    eighth = layers // 8
+    return layer < eighth or layer >= 7 * layers // 8 or (layer - eighth) % 3 == 2
 
 
 def _encode(x: np.ndarray, ggml_type) -> tuple[np.ndarray, Any]:
@@ -106,6 +122,9 @@ def write_gguf(model_dir: Path, dest: Path, file_type: str = "F16") -> Path:
         if key != "general.architecture":
             _add_kv(writer, key, value)
     tensors = _load_float32(model_dir)
+    names = {arches.gguf_tensor_name(arch, hf_name) for hf_name in tensors}
+    head = "output.weight" if "output.weight" in names else "token_embd.weight"
+    layers = int(config.get("num_hidden_layers", 0))
     for hf_name in sorted(tensors):
         x = tensors[hf_name]
         name = arches.gguf_tensor_name(arch, hf_name)
@@ -115,7 +134,8 @@ def write_gguf(model_dir: Path, dest: Path, file_type: str = "F16") -> Path:
         offset = arches.value_offset(arch, hf_name)
         if offset:
             x = x - np.float32(offset)  # the inverse of the reader's offset
-        data, raw = _encode(np.ascontiguousarray(x), _tensor_type(file_type, name, x.shape))
+        data, raw = _encode(np.ascontiguousarray(x),
+                            _tensor_type(file_type, name, x.shape, layers, head))
         writer.add_tensor(name, data, raw_dtype=raw)
     for name, x in arches.gguf_extra_tensors(config).items():
         writer.add_tensor(name, np.asarray(x, np.float32))
