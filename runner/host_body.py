@@ -42,7 +42,7 @@ from mlxr.runner.host_ops import Gemm, RopeTables
 from mlxr.runner.host_swiglu import silu_times
 from mlxr.runner.kv.attend_kernel import AttendKernel
 from mlxr.runner.kv.host_attention import attend_position
-from mlxr.runner.quant_kernel import OneRow, QuantKernel, QuantizedWeight, with_supers
+from mlxr.runner.quant_kernel import OneRow, QuantKernel, QuantizedWeight
 from mlxr.runner.row_kernel import RowKernel
 
 log = logging.getLogger("mlxr.runner")
@@ -190,7 +190,7 @@ class _Products:
     def bind(self, linear: tuple) -> tuple | _Bound | _QuantBound:
         weight, bias = linear
         if isinstance(weight, QuantizedWeight):
-            weight = with_supers(weight)  # a Q4_K import's scales: fewer bytes a step
+            weight = self._quant.with_supers(weight)  # a Q4_K import's: fewer bytes a step
             return _QuantBound(weight, bias, self._quant.one_row(weight))
         if self.sgemv is None or not weight.flags.c_contiguous:
             return linear

@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlxr.runner.quant_kernel import QuantKernel, QuantizedWeight, with_supers
+from mlxr.runner.quant_kernel import QuantKernel, QuantizedWeight
 from mlxr.runner.row_kernel import RowKernel
 
 log = logging.getLogger("mlxr.runner")
@@ -151,7 +151,8 @@ class HostHead:
         quantized = quantized_head_weight(model, mlx_head)
         if quantized is not None:  # MLX's quantized CPU product is 5-44x slower: no race
             quant = QuantKernel.load()
-            head = None if quant is None else cls(with_supers(quantized), None, quant)
+            head = None if quant is None else \
+                cls(quant.with_supers(quantized), None, quant)
             return head if head is not None and all(
                 matches(head, mlx_head, rows, head.hidden, "quantized")
                 for rows in {1, 2, 13}) else None

@@ -16,11 +16,11 @@ for it. Nothing else changes: MLX's forward pass still reads the same arrays.
 
 A GGUF Q4_K weight comes in (supervisor/store/gguf/quants.py) with each group's scale and bias
 a float32 factor per 256 weights times a 6-bit code. As MLX's float32 scales and biases those
-are 2 of a weight's 6 bits. `with_supers` finds the factors and codes again (where every scale
-and bias is rebuilt exactly) and one row's product then reads a byte a code and the factors:
-4.75 bits a weight, 21% fewer bytes, the same floats (`SuperScales`). A decode step streams
-every weight once, at what one core's loads sustain (about 12 GB/s here), so bytes are time.
-The float32 arrays stay for everything else.
+are 2 of a weight's 6 bits. `QuantKernel.with_supers` finds the factors and codes again
+(where every scale and bias is rebuilt exactly) and one row's product then reads a byte a
+code and the factors: 4.75 bits a weight, 21% fewer bytes, the same floats (`SuperScales`).
+A decode step streams every weight once, at what one core's loads sustain (about 12 GB/s
+here), so bytes are time. The float32 arrays stay for everything else.
 
 Invariants: `product` writes every element of its (rows, out) output; the rows go in passes of
 16, each one read of the weight; a large weight's rows are split across the cores by the C
@@ -52,9 +52,9 @@ TILE = 8  # weight rows the kernel takes at a time: ranges start on a multiple
 ROW4_BLOCK = 128  # one row times a 4-bit weight of a depth that is a multiple: another order
 SPLIT_ELEMENTS = 1 << 17  # smaller weights are one thread's work (a hand-off costs more)
 SUPER_GROUPS = 8  # groups of 32 in a super-block: a Q4_K block's 256 weights
-CODE_TOP = 63  # a Q4_K code's largest value (6 bits)
 _FUNCTIONS = ["mlxr_quant_rows_parts", "mlxr_quant_width", "mlxr_quant_use_width",
-              "mlxr_quant_dequantize", "mlxr_parts", "mlxr_quant_super_parts"]
+              "mlxr_quant_dequantize", "mlxr_parts", "mlxr_quant_super_parts",
+              "mlxr_quant_factored"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,49 +117,6 @@ class QuantizedWeight:
         return values.reshape(*q.shape[:-1], -1)
 
 
-def with_supers(weight: QuantizedWeight) -> QuantizedWeight:
-    """`weight` with its scales and biases as super-blocks where each one is a float32 factor
-    per super-block times a code in 0..63, exactly (a GGUF Q4_K import's are), else `weight`.
-    The factor is the block's value of largest magnitude over its code: 63 from llama.cpp's
-    plain quantizer; others (an importance-weighted one) are tried down to 1."""
-    if weight.bits != 4 or weight.group != 32 or weight.supers is not None or \
-            weight.scales.shape[1] % SUPER_GROUPS:
-        return weight
-    for rows in (slice(0, 1), slice(None)):  # one row first: most other weights fail there
-        scales, biases = _factored(weight.scales[rows]), _factored(weight.biases[rows])
-        if scales is None or biases is None:
-            return weight
-    supers = SuperScales(np.concatenate((scales[1], biases[1]), axis=1),
-                         np.concatenate((scales[0], biases[0]), axis=1))
-    return dataclasses.replace(weight, supers=supers)
-
-
-def _factored(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(out, groups) float32 -> factors (out, supers) float32 and codes (out, groups) uint8
-    with codes * factors == values exactly, or None where some super-block has none."""
-    blocks = values.reshape(len(values), -1, SUPER_GROUPS)
-    top = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)[..., 0]
-    factors = np.zeros(top.shape, dtype=np.float32)
-    codes = np.zeros(blocks.shape, dtype=np.uint8)
-    left = np.flatnonzero(top)  # an all-zero block is factor 0, codes 0
-    flat_top, flat_blocks = top.reshape(-1), blocks.reshape(-1, SUPER_GROUPS)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for top_code in range(CODE_TOP, 0, -1):
-            if left.size == 0:
-                break
-            factor = flat_top[left] / np.float32(top_code)
-            found = np.rint(flat_blocks[left] / factor[:, None])
-            exact = ((found >= 0) & (found <= CODE_TOP) &
-                     (found.astype(np.float32) * factor[:, None] == flat_blocks[left])).all(axis=1)
-            done = left[exact]
-            factors.reshape(-1)[done] = factor[exact]
-            codes.reshape(-1, SUPER_GROUPS)[done] = found[exact]
-            left = left[~exact]
-    if left.size:
-        return None
-    return factors, codes.reshape(values.shape)
-
-
 def takes(module) -> bool:
     """Is `module` a quantized layer whose layout the kernel takes (its scales' dtype aside)?"""
     import mlx.nn as nn
@@ -216,9 +173,11 @@ def lanes_for(rows: int) -> int:
 
 
 class QuantKernel:
-    def __init__(self, fn, width: int, dequantize, use_width, parts=None, super_parts=None):
+    def __init__(self, fn, width: int, dequantize, use_width, parts=None, super_parts=None,
+                 factored=None):
         self.rows_parts = fn  # mlxr_quant_rows_parts (also runner/decode_row.py's products)
         self.super_parts = super_parts  # mlxr_quant_super_parts: one row, `SuperScales`
+        self._factored = factored  # mlxr_quant_factored: finds `SuperScales`
         self._dequantize = dequantize
         self._use_width = use_width
         self.width = width  # floats a vector on this CPU: 16, 8 or 4
@@ -248,7 +207,8 @@ class QuantKernel:
         return None if found is None else cls._of(*found)
 
     @classmethod
-    def _of(cls, fn, width, use_width, dequantize, parts, super_parts) -> "QuantKernel":
+    def _of(cls, fn, width, use_width, dequantize, parts, super_parts,
+            factored) -> "QuantKernel":
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
@@ -266,7 +226,10 @@ class QuantKernel:
         super_parts.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                 ctypes.c_long, ctypes.c_int]
-        return cls(fn, width(), dequantize, use_width, parts, super_parts)
+        factored.restype = ctypes.c_int
+        factored.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_int]
+        return cls(fn, width(), dequantize, use_width, parts, super_parts, factored)
 
     def dequantize(self, weight: QuantizedWeight, out: np.ndarray) -> None:
         """out (out, in), C-contiguous float32 = the weight's values, as `mx.dequantize`
@@ -287,6 +250,33 @@ class QuantKernel:
         for start in range(0, rows.shape[0], MAX_LANES):
             block = rows[start:start + MAX_LANES]
             self._pass(weight, block, out[start:start + block.shape[0]])
+
+    def with_supers(self, weight: QuantizedWeight) -> QuantizedWeight:
+        """`weight` with its scales and biases as super-blocks where each one is a float32
+        factor per super-block times a code in 0..63, exactly (a GGUF Q4_K import's are),
+        else `weight` (C `mlxr_quant_factored`, split across the cores)."""
+        if weight.bits != 4 or weight.group != 32 or weight.supers is not None or \
+                weight.scales.shape[1] % SUPER_GROUPS:
+            return weight
+        found = [self._super_blocks(values) for values in (weight.scales, weight.biases)]
+        if None in found:
+            return weight
+        (scale_factors, scale_codes), (bias_factors, bias_codes) = found
+        return dataclasses.replace(weight, supers=SuperScales(
+            np.concatenate((scale_codes, bias_codes), axis=1),
+            np.concatenate((scale_factors, bias_factors), axis=1)))
+
+    def _super_blocks(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(out, groups) float32 -> factors (out, supers) and codes (out, groups) uint8 with
+        codes * factors == values exactly, or None where some super-block has none."""
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        out, groups = values.shape
+        factors = np.empty((out, groups // SUPER_GROUPS), dtype=np.float32)
+        codes = np.empty((out, groups), dtype=np.uint8)
+        if self._factored(values.ctypes.data, factors.size, factors.ctypes.data,
+                          codes.ctypes.data, host_parallel.workers()) != 0:
+            return None
+        return factors, codes
 
     def one_row(self, weight: QuantizedWeight) -> "OneRow":
         """One row's products with `weight`, its addresses read once (`OneRow`)."""

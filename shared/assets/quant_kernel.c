@@ -899,3 +899,80 @@ int mlxr_quant_dequantize(const uint8_t *q, int bits, long h, int group, const f
     }
     return 0;
 }
+
+/* Codes c (0..63) with c[k] * factor == v[k] exactly for a block v of SUPER_GROUPS floats,
+ * factor not 0: 1 and c written, or 0. In float32 as numpy's would be, rounding as rintf
+ * without a libm call. */
+static int exact_codes(const float *v, float factor, uint8_t *c)
+{
+    float r[SUPER_GROUPS];
+    int ok = 1;
+    for (int k = 0; k < SUPER_GROUPS; k++) {
+        const float f = v[k] / factor;
+        r[k] = (f + 0x1p23f) - 0x1p23f; /* to nearest, ties to even, for 0 <= f < 2^23 */
+        ok &= (f >= 0.0f) & (f <= 63.5f) & (r[k] <= 63.0f) & (r[k] * factor == v[k]);
+    }
+    if (!ok) /* also a NaN, or f out of range */
+        return 0;
+    for (int k = 0; k < SUPER_GROUPS; k++)
+        c[k] = (uint8_t)r[k];
+    return 1;
+}
+
+/* `mlxr_quant_factored` for blocks [a, z): 0, or -1 at the first block with no such form. */
+static int factored_range(const float *values, long a, long z, float *factors, uint8_t *codes)
+{
+    for (long i = a; i < z; i++) {
+        const float *v = values + i * SUPER_GROUPS;
+        uint8_t *c = codes + i * SUPER_GROUPS;
+        float most = 0.0f, top = 0.0f; /* without branches: the largest's place is random */
+        for (int k = 0; k < SUPER_GROUPS; k++)
+            most = __builtin_fabsf(v[k]) > most ? __builtin_fabsf(v[k]) : most;
+        for (int k = SUPER_GROUPS - 1; k >= 0; k--)
+            top = __builtin_fabsf(v[k]) == most ? v[k] : top;
+        if (top == 0.0f) {
+            for (int k = 0; k < SUPER_GROUPS; k++)
+                if (!(v[k] == 0.0f)) /* a NaN is not */
+                    return -1;
+            memset(c, 0, SUPER_GROUPS);
+            factors[i] = 0.0f;
+            continue;
+        }
+        int code = 63;
+        while (!exact_codes(v, top / (float)code, c))
+            if (--code < 1)
+                return -1;
+        factors[i] = top / (float)code;
+    }
+    return 0;
+}
+
+typedef struct {
+    const float *values;
+    float *factors;
+    uint8_t *codes;
+    atomic_int failed;
+} factored_args;
+
+static void factored_job(const void *args, long a, long z)
+{
+    factored_args *p = (factored_args *)args;
+    if (factored_range(p->values, a, z, p->factors, p->codes) != 0)
+        atomic_store(&p->failed, 1);
+}
+
+/* n blocks of SUPER_GROUPS floats (a Q4_K import's scales or biases, each row's in order) as
+ * factors[i] * codes[i * SUPER_GROUPS + k], codes in 0..63, equal to the floats exactly
+ * (runner/quant_kernel.py `SuperScales`), in up to `parts` ranges on the workers. The factor
+ * is the block's value of largest magnitude (the first such) over its code: 63 from
+ * llama.cpp's plain quantizer, lower ones (an importance-weighted quantizer's) tried down to
+ * 1. An all-zero block is factor 0, codes 0. Returns 0, or -1 where some block has no such
+ * form (the outputs then partly written). */
+int mlxr_quant_factored(const float *values, long n, float *factors, uint8_t *codes, int parts)
+{
+    if (n < 0)
+        return -1;
+    factored_args args = {values, factors, codes, 0};
+    rows_in_parts(factored_job, &args, 0, n, parts);
+    return atomic_load(&args.failed) ? -1 : 0;
+}

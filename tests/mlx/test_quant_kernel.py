@@ -21,7 +21,7 @@ from mlxr.runner import host_ops
 from mlxr.runner.host_ops import QUANT_ROWS, Gemm
 from mlxr.runner.decode_row import DecodeRow
 from mlxr.runner.model_step import ModelStep
-from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel, takes, with_supers
+from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel, takes
 from mlxr.shared import native
 from mlxr.supervisor.store.gguf.quants import quantize_q4_k, to_mlx
 from tests.mlx.test_heads import probed_blas
@@ -99,7 +99,7 @@ def test_the_plain_c_build_gives_the_same_products(tmp_path):
     weight = QuantizedWeight.of(q4_k_layer(40, 512)[0])
     x = np.random.default_rng(4).standard_normal((1, 512)).astype(np.float32)
     outs = [np.empty((1, 40), np.float32) for _ in range(2)]
-    for w, out in zip((weight, with_supers(weight)), outs):
+    for w, out in zip((weight, plain.with_supers(weight)), outs):
         plain.product(w, x, out)
     assert np.array_equal(*outs)
 
@@ -121,7 +121,7 @@ def test_a_q4_k_imports_scales_as_super_blocks_give_the_same_products(kernel, wa
     kernel.use_width(want)
     layer, dense = q4_k_layer(300, 512)
     weight = QuantizedWeight.of(layer)
-    supers = with_supers(weight).supers
+    supers = kernel.with_supers(weight).supers
     assert supers is not None and supers.codes.max() == 63  # llama.cpp's scale: top code 63
     assert supers.codes.shape == (300, 2 * 16) and supers.factors.shape == (300, 2 * 2)
     groups = supers.codes[:, :16].reshape(300, 2, 8) * supers.factors[:, :2, None]
@@ -129,10 +129,10 @@ def test_a_q4_k_imports_scales_as_super_blocks_give_the_same_products(kernel, wa
     x = np.random.default_rng(1).standard_normal((1, 512)).astype(np.float32)
     plain, packed = (np.empty((1, 300), np.float32) for _ in range(2))
     kernel.product(weight, x, plain)
-    kernel.product(with_supers(weight), x, packed)
+    kernel.product(kernel.with_supers(weight), x, packed)
     assert np.array_equal(plain, packed)  # the same floats, the same sums
     assert np.abs(packed[0] - dense @ x[0]).max() <= 1e-5 * np.abs(dense @ x[0]).max()
-    assert np.array_equal(kernel.one_row(with_supers(weight))(x[0]), plain[0])
+    assert np.array_equal(kernel.one_row(kernel.with_supers(weight))(x[0]), plain[0])
     products_match(kernel, layer, dense, rows=(2, 5, 16))  # several rows: the float32 scales
 
 
@@ -142,24 +142,41 @@ def test_super_blocks_are_found_only_where_they_are_exact(kernel):
     # An importance-weighted quantizer's top code may be under 63: still found.
     codes = np.random.default_rng(3).integers(0, 41, weight.scales.shape).astype(np.float32)
     factor = np.float32(np.float16(0.0123))
+    codes[2] = 0  # an all-zero block (the row's only one): factor 0
     lower = QuantizedWeight(weight.q, (codes * factor).astype(np.float32), weight.biases,
                             4, 32, weight.keep)
-    assert with_supers(lower).supers is not None
+    assert np.array_equal(rebuilt(kernel.with_supers(lower)), (lower.scales, lower.biases))
+    assert np.array_equal(rebuilt(kernel.with_supers(weight)), (weight.scales, weight.biases))
+    assert (weight.biases < 0).all()  # Q4_K's biases (-dmin * m): negative factors
+    # A NaN anywhere: none.
+    nan = weight.biases.copy()
+    nan[9, 5] = np.nan
+    assert kernel.with_supers(QuantizedWeight(weight.q, weight.scales, nan, 4, 32,
+                                              weight.keep)).supers is None
     # MLX's own quantization: float32 scales of no such form, left as they are.
     mlx_weight = QuantizedWeight.of(quantized(16, 256, 4, 32)[0])
-    assert with_supers(mlx_weight) is mlx_weight
-    # One group off by its last bit is enough.
-    bad = weight.scales.copy()
-    bad[5, 3] = np.nextafter(bad[5, 3], np.float32(np.inf))
-    assert with_supers(QuantizedWeight(weight.q, bad, weight.biases, 4, 32, weight.keep)) \
-        .supers is None
+    assert kernel.with_supers(mlx_weight) is mlx_weight
+    # One group off by its last bit is enough, in either part of the rows (two cores' work).
+    for row in (5, 12):
+        bad = weight.scales.copy()
+        bad[row, 3] = np.nextafter(bad[row, 3], np.float32(np.inf))
+        off = QuantizedWeight(weight.q, bad, weight.biases, 4, 32, weight.keep)
+        assert kernel.with_supers(off).supers is None
     # Other layouts: 8 bits, groups of 64, fewer than 8 groups a row.
-    assert with_supers(QuantizedWeight.of(quantized(16, 256, 8, 32)[0])).supers is None
-    assert with_supers(QuantizedWeight.of(quantized(16, 256, 4, 64)[0])).supers is None
+    assert kernel.with_supers(QuantizedWeight.of(quantized(16, 256, 8, 32)[0])).supers is None
+    assert kernel.with_supers(QuantizedWeight.of(quantized(16, 256, 4, 64)[0])).supers is None
     short = QuantizedWeight.of(q4_k_layer(16, 256)[0])
     cut = QuantizedWeight(short.q[:, :64], short.scales[:, :4], short.biases[:, :4], 4, 32,
                           short.keep)
-    assert with_supers(cut).supers is None
+    assert kernel.with_supers(cut).supers is None
+
+
+def rebuilt(weight: QuantizedWeight) -> tuple[np.ndarray, np.ndarray]:
+    """A weight's scales and biases as its super-blocks give them."""
+    supers, (out, groups) = weight.supers, weight.scales.shape
+    values = supers.codes.reshape(out, 2, groups // 8, 8) * \
+        supers.factors.reshape(out, 2, groups // 8, 1)
+    return tuple(values.reshape(out, 2, groups).transpose(1, 0, 2))
 
 
 def test_dequantized_weights_and_embedding_rows_equal_mlxs(kernel):
