@@ -15,6 +15,7 @@ a crash inside MLX.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 from dataclasses import dataclass, field
@@ -78,11 +79,10 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     from mlx_lm.utils import load_model as read_model
 
     from mlxr.runner.architectures import fix_model
-    from mlxr.runner.embed.embeddings import LMEmbedder, is_encoder_dir, load_encoder_embedder
-    from mlxr.runner.model_step import ModelStep
+    from mlxr.runner.embed.embeddings import is_encoder_dir, load_encoder_embedder
+    from mlxr.runner.probe_reference import dequantized_reference
     from mlxr.runner.tokenizer import load_tokenizer
     from mlxr.runner.vision.model import load_vision
-    from mlxr.runner.host_body import HostBody
     from mlxr.runner.weights import ON_KERNEL, float32_on_cpu
     from mlxr.shared.vision import vision_family
 
@@ -127,7 +127,25 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
         if widened:
             vision.widen()
     fix_model(model, model_config)
-    if weights.endswith(ON_KERNEL) and HostBody.find(model) is None:
+    # The probes below run the model's own forward passes: on a CPU, through BLAS.
+    with contextlib.nullcontext() if group is not None else dequantized_reference():
+        return _with_step(config, model, model_config, tokenizer, vision, weights, kv_scale,
+                          how, group, blas, on_progress)
+
+
+def _with_step(config: RunnerConfig, model, model_config: dict, tokenizer, vision,
+               weights: str, kv_scale: float, how: str, group: Any, blas: str,
+               on_progress: Callable[[float], None]) -> LoadedModel:
+    """The rest of `load_model`: the host paths' probes, the model step and the embedder."""
+    import mlx.core as mx
+
+    from mlxr.runner.embed.embeddings import LMEmbedder
+    from mlxr.runner.host_body import HostBody
+    from mlxr.runner.model_step import ModelStep
+    from mlxr.runner.weights import ON_KERNEL, float32_on_cpu
+
+    body = HostBody.find(model) if weights.endswith(ON_KERNEL) else None
+    if weights.endswith(ON_KERNEL) and body is None:
         # The numpy body does not serve this architecture, so MLX's quantized CPU products
         # would: 5-44x float32's time. Widen after all, where it fits.
         weights = float32_on_cpu(model, config.float32_weights,
@@ -141,7 +159,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
                      rows=rows_layout(config.kv_layout, mx.default_device() == mx.cpu),
                      vision=vision,
                      host_attention=config.host_attention, distributed=group is not None,
-                     attention_buckets=config.attention_buckets)
+                     attention_buckets=config.attention_buckets, host_body=body)
     log.info("blas: %s", blas)
     log.info("kv cache: %s", "rows over the block pool" if step.uses_rows
              else "padded batch (MLXR_KV_LAYOUT, the device, or an architecture the rows "

@@ -39,6 +39,7 @@ from mlxr.runner.kv.prefix_cache import PrefixCache
 from mlxr.runner.logits_match import logits_match
 from mlxr.runner.transposed_head import TransposedHead
 from mlxr.runner.request import Sequence
+from mlxr.runner.row_kernel import RowKernel
 from mlxr.runner.sampling import SampleOutput, sample
 from mlxr.runner.scheduler import StepPlan, StepResult
 
@@ -93,7 +94,7 @@ class _Ahead:
 class ModelStep:
     def __init__(self, model, prefix_cache_bytes: int, detok_top, rows: bool = True,
                  vision=None, host_attention: bool = True, distributed: bool = False,
-                 attention_buckets: bool = False):
+                 attention_buckets: bool = False, host_body: HostBody | None = None):
         """`rows`: use the block pool's rows where the model fits them (False: always the
         padded batch, for comparisons). `vision`: a vision model's image side
         (runner/vision/model.py), which gives image prompts their embeddings and positions.
@@ -104,7 +105,9 @@ class ModelStep:
         `distributed`: one rank of a sharded model (no numpy body: its probe is a forward
         pass, whose collectives only the model step's own passes may hold).
         `attention_buckets`: on a CUDA GPU, prefill chunks attend in bucketed shapes
-        (runner/kv/bucketed_attention.py)."""
+        (runner/kv/bucketed_attention.py). `host_body`: one `HostBody.find(model)` gave
+        already (the loader's, probed), used where this step would find one without a row
+        kernel too, rather than probed again."""
         self.model = model
         self.vision = vision
         self.split = split_model(model)
@@ -123,8 +126,11 @@ class ModelStep:
             kv_rows.install(model, buckets=True)
         self.num_layers = len(make_prompt_cache(model))
         self.uses_rows = rows and kv_rows.probe(model, self.num_layers)
-        self.host_body = HostBody.find(
-            model, kernel=self.host_head and self.host_head.kernel) if (
+        row_kernel = self.host_head and self.host_head.kernel
+        if not isinstance(row_kernel, RowKernel):  # (a quantized head's kernel is not one)
+            row_kernel = None
+        self.host_body = (host_body if host_body is not None and row_kernel is None else
+                          HostBody.find(model, kernel=row_kernel)) if (
             host_attention and self.uses_rows and vision is None and not distributed
             and self.split.body is not None) else None
         self.host_prefill = HostPrefill.find(model, self.host_body)

@@ -1,0 +1,77 @@
+"""The load-time probes' reference passes on a CPU, in a fraction of the time: while the
+context is open, MLX's quantized layers compute as MLX's own dequantized weights times the
+rows, through BLAS.
+
+Why: before a runner serves, its probes check each host path against the model's own forward
+pass on a few tokens (runner/model_step.py's split, runner/kv/rows.py, host_head.py,
+host_body.py, host_prefill.py). On a quantized model those passes go through MLX's quantized
+CPU matmul, which reads and dequantizes the whole weight again for every row: the 0.6B Q4_K_M
+import took 34 s to load on the 2-core EPYC, 30 s of it those passes (docs/PERFORMANCE.md,
+"A quantized model's load"), and the time grows with the model.
+
+Here a quantized layer's weight is dequantized a slice of rows at a time by the quantized
+kernel's `dequantize` (bit for bit `mx.dequantize`'s values: tests/mlx/test_quant_kernel.py)
+and multiplied in float32 by BLAS, once for all of the pass's rows. The probes still compare
+each host path with an independent computation of the model: MLX's weights, MLX's modules
+around them, and only the summation order of the products differs from MLX's own pass.
+
+Invariants: only exact `nn.QuantizedLinear` and `nn.QuantizedEmbedding` modules in a layout
+the kernel takes, with float32 inputs, take this path (anything else, MLX's own); the
+classes are restored when the context closes, also on an exception; nothing is cached, so
+memory holds one slice's floats (SLICE_FLOATS) beyond MLX's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel
+
+SLICE_FLOATS = 1 << 24  # a dequantized slice of a weight: at most 64 MB
+
+
+@contextlib.contextmanager
+def dequantized_reference() -> Iterator[None]:
+    """Quantized layers' forward passes through the kernel's dequantize and BLAS while open;
+    MLX's own where the default device is not the CPU or the kernel does not load."""
+    kernel = QuantKernel.load() if mx.default_device() == mx.cpu else None
+    if kernel is None:
+        yield
+        return
+    linear_call = nn.QuantizedLinear.__call__
+    embedding_linear = nn.QuantizedEmbedding.as_linear
+
+    def call(self, x):
+        out = _product(kernel, self, x) if type(self) is nn.QuantizedLinear else None
+        if out is None:
+            return linear_call(self, x)
+        return out + self["bias"] if "bias" in self else out
+
+    def as_linear(self, x):
+        out = _product(kernel, self, x) if type(self) is nn.QuantizedEmbedding else None
+        return embedding_linear(self, x) if out is None else out
+
+    nn.QuantizedLinear.__call__, nn.QuantizedEmbedding.as_linear = call, as_linear
+    try:
+        yield
+    finally:
+        nn.QuantizedLinear.__call__ = linear_call
+        nn.QuantizedEmbedding.as_linear = embedding_linear
+
+
+def _product(kernel: QuantKernel, module, x: mx.array) -> mx.array | None:
+    """x (..., in) @ the module's weight (out, in) transposed, through the kernel; None where
+    this path does not take the module or x."""
+    weight = QuantizedWeight.of(module)
+    if weight is None or x.dtype != mx.float32:
+        return None
+    width, depth = weight.shape
+    rows = np.array(x).reshape(-1, depth)
+    out = np.empty((rows.shape[0], width), dtype=np.float32)
+    kernel.product(weight, rows, out)
+    return mx.array(out.reshape(*x.shape[:-1], width))
