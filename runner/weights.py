@@ -14,7 +14,8 @@ Invariants:
 - Except: where the runner's numpy body may serve the model ("auto", one rank, a text model)
   and the quantized kernel builds (runner/quant_kernel.py), the 4- and 8-bit layers stay as
   stored, for the kernel, and only the rest is widened (`widen_around_kernel`): the decode
-  step then reads a quarter (8-bit) or an eighth (4-bit) of the float32 bytes. "on" still
+  step then reads a quarter (8-bit) or an eighth (4-bit) of the float32 bytes. 2-, 3-, 5-
+  and 6-bit layers are held in 4 or 8 bits for it (runner/repack.py), exactly. "on" still
   widens everything.
 - Widening is exact for the stored values: a quantized layer becomes `mx.dequantize` of its
   arrays (mlx-lm's own `dequantize_model`), a 16-bit array its float32 image. Only the
@@ -114,24 +115,32 @@ def widen(model) -> None:
 
 def kernel_layers(model) -> list[str]:
     """The names of `model`'s quantized layers whose layout the quantized kernel takes
-    (runner/quant_kernel.py)."""
+    (runner/quant_kernel.py), as stored or repacked (runner/repack.py)."""
     from mlxr.runner.quant_kernel import takes
+    from mlxr.runner.repack import repackable
 
-    return [name for name, module in model.named_modules() if takes(module)]
+    return [name for name, module in model.named_modules()
+            if takes(module) or repackable(module)]
 
 
-def widen_around_kernel(model) -> None:
+def widen_around_kernel(model) -> int:
     """Make every weight of `model` float32 except the quantized layers the kernel takes,
     which keep their packed values (their scales and biases become float32), and evaluate
-    it. Other quantized layers (3, 5 or 6 bits, other modes) are dequantized."""
+    it. 2-, 3-, 5- and 6-bit layers are repacked into 4 or 8 bits for it (runner/repack.py);
+    other quantized layers (other modes, group sizes) are dequantized. Returns the number
+    of layers repacked."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_unflatten
 
     from mlxr.runner.quant_kernel import takes
+    from mlxr.runner.repack import repack, repackable
 
-    plain = []
+    plain, repacked = [], 0
     for name, module in model.named_modules():
+        if repackable(module):
+            repack(module)
+            repacked += 1
         if takes(module):
             continue
         if isinstance(module, nn.QuantizedLinear):
@@ -152,6 +161,7 @@ def widen_around_kernel(model) -> None:
         model.update_modules(tree_unflatten(plain))
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
+    return repacked
 
 
 def float32_on_cpu(model, mode: str, kv_budget: int, available: int,
@@ -172,9 +182,10 @@ def float32_on_cpu(model, mode: str, kv_budget: int, available: int,
         from mlxr.runner.quant_kernel import QuantKernel
 
         if QuantKernel.load() is not None:
-            widen_around_kernel(model)
-            log.info("weights: %s as stored for the quantized kernel, float32 elsewhere",
-                     fp.stored_as)
+            repacked = widen_around_kernel(model)
+            log.info("weights: %s as stored for the quantized kernel, float32 elsewhere%s",
+                     fp.stored_as, f" ({repacked} layers of 2, 3, 5 or 6 bits held in 4 or 8)"
+                     if repacked else "")
             return f"{fp.stored_as}{ON_KERNEL}"
     wide, why = decide(mode, on_cpu, fp, available, kv_budget)
     if agree is not None and agree(wide) != wide:
