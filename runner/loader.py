@@ -80,7 +80,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
 
     from mlxr.runner.architectures import fix_model
     from mlxr.runner.embed.embeddings import is_encoder_dir, load_encoder_embedder
-    from mlxr.runner.probe_reference import dequantized_reference
+    from mlxr.runner.probe_reference import kernel_reference
     from mlxr.runner.tokenizer import load_tokenizer
     from mlxr.runner.vision.model import load_vision
     from mlxr.runner.weights import ON_KERNEL, float32_on_cpu
@@ -128,7 +128,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
             vision.widen()
     fix_model(model, model_config)
     # The probes below run the model's own forward passes: on a CPU, through BLAS.
-    with contextlib.nullcontext() if group is not None else dequantized_reference():
+    with contextlib.nullcontext() if group is not None else kernel_reference():
         return _with_step(config, model, model_config, tokenizer, vision, weights, kv_scale,
                           how, group, blas, on_progress)
 

@@ -1,24 +1,22 @@
 """The load-time probes' reference passes on a CPU, in a fraction of the time: while the
-context is open, MLX's quantized layers compute as MLX's own dequantized weights times the
-rows, through BLAS.
+context is open, MLX's quantized layers compute their products through the quantized kernel.
 
 Why: before a runner serves, its probes check each host path against the model's own forward
 pass on a few tokens (runner/model_step.py's split, runner/kv/rows.py, host_head.py,
-host_body.py, host_prefill.py). On a quantized model those passes go through MLX's quantized
-CPU matmul, which reads and dequantizes the whole weight again for every row: the 0.6B Q4_K_M
-import took 34 s to load on the 2-core EPYC, 30 s of it those passes (docs/PERFORMANCE.md,
-"A quantized model's load"), and the time grows with the model.
+host_body.py, host_prefill.py). On a quantized model those passes went through MLX's
+quantized CPU matmul, which reads and dequantizes the whole weight again for every row: the
+0.6B Q4_K_M import took 34 s to load on the 2-core EPYC, 30 s of it those passes
+(docs/PERFORMANCE.md, "A quantized model's load"), and the time grows with the model.
 
-Here a quantized layer's weight is dequantized a slice of rows at a time by the quantized
-kernel's `dequantize` (bit for bit `mx.dequantize`'s values: tests/mlx/test_quant_kernel.py)
-and multiplied in float32 by BLAS, once for all of the pass's rows. The probes still compare
-each host path with an independent computation of the model: MLX's weights, MLX's modules
-around them, and only the summation order of the products differs from MLX's own pass.
+The kernel's products are tested against MLX's own (tests/mlx/test_quant_kernel.py, every
+bit count, group size, row count and vector width), and each pass is still the model's own
+modules around them (attention, norms, rope, the cache), so a probe still compares each host
+path with the model: a host body that differs from the model is still refused inside
+(tests/mlx/test_probe_reference.py).
 
 Invariants: only exact `nn.QuantizedLinear` and `nn.QuantizedEmbedding` modules in a layout
 the kernel takes, with float32 inputs, take this path (anything else, MLX's own); the
-classes are restored when the context closes, also on an exception; nothing is cached, so
-memory holds one slice's floats (SLICE_FLOATS) beyond MLX's own.
+classes are restored when the context closes, also on an exception.
 """
 
 from __future__ import annotations
@@ -32,13 +30,11 @@ import numpy as np
 
 from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel
 
-SLICE_FLOATS = 1 << 24  # a dequantized slice of a weight: at most 64 MB
-
 
 @contextlib.contextmanager
-def dequantized_reference() -> Iterator[None]:
-    """Quantized layers' forward passes through the kernel's dequantize and BLAS while open;
-    MLX's own where the default device is not the CPU or the kernel does not load."""
+def kernel_reference() -> Iterator[None]:
+    """Quantized layers' products through the quantized kernel while open; MLX's own where
+    the default device is not the CPU or the kernel does not load."""
     kernel = QuantKernel.load() if mx.default_device() == mx.cpu else None
     if kernel is None:
         yield

@@ -20,7 +20,8 @@
  * its 16 odd ones (runner/quant_kernel.py makes it). One row times a 4-bit weight whose depth
  * is a multiple of 128 (every decode step's products, on real models' shapes) is QROW4's:
  * the weight read as 32-bit words, x in another order. A GGUF Q4_K import's scales and
- * biases can also come as byte codes and a factor per 256 weights (`mlxr_quant_super_parts`).
+ * biases can also come as byte codes and a factor per 256 weights (`mlxr_quant_super_parts`;
+ * `mlxr_quant_factored` finds them).
  *
  * Built on demand by runner/quant_kernel.py with the system C compiler. On x86-64 (GCC or
  * clang) one copy is compiled for AVX-512 (16 floats a vector), one for AVX2 with FMA (8) and

@@ -16,7 +16,7 @@ from mlx_lm.utils import load
 
 from mlxr.runner import loader
 from mlxr.runner.host_body import HostBody
-from mlxr.runner.probe_reference import dequantized_reference
+from mlxr.runner.probe_reference import kernel_reference
 from mlxr.runner.quant_kernel import QuantKernel
 from mlxr.shared.config import RunnerConfig
 
@@ -47,7 +47,7 @@ def test_quantized_layers_inside_give_mlxs_own_products_from_the_kernel(products
     quantized = layer(bits, group, bias)
     x = mx.random.normal((2, 3, 256), key=mx.random.key(1))
     want = quantized(x)
-    with dequantized_reference():
+    with kernel_reference():
         got = quantized(x)
     assert products == [6]  # the pass's six rows in one product
     assert got.shape == want.shape == (2, 3, 48) and got.dtype == mx.float32
@@ -60,7 +60,7 @@ def test_tied_embeddings_as_the_head_inside_give_mlxs_own(products):
     quantized = nn.QuantizedEmbedding.from_embedding(embedding, 32, 4)
     x = mx.random.normal((5, 128), key=mx.random.key(3))
     want = quantized.as_linear(x)
-    with dequantized_reference():
+    with kernel_reference():
         got = quantized.as_linear(x)
         rows = quantized(mx.array([[3, 299]]))  # the lookup is MLX's own
     assert products == [5]
@@ -72,7 +72,7 @@ def test_what_the_kernel_does_not_take_is_still_mlxs(products):
     six_bits, four_bits = layer(6, 32, False), layer(4, 32, False)
     x = mx.random.normal((4, 256), key=mx.random.key(4))
     half = x.astype(mx.bfloat16)  # rows that are not float32
-    with dequantized_reference():
+    with kernel_reference():
         got, got_half = six_bits(x), four_bits(half)
     assert products == []
     assert np.array_equal(np.array(got), np.array(six_bits(x)))
@@ -80,10 +80,10 @@ def test_what_the_kernel_does_not_take_is_still_mlxs(products):
 
 
 def test_the_classes_are_restored_after_and_on_an_exception():
-    with dequantized_reference():
+    with kernel_reference():
         assert nn.QuantizedLinear.__call__ is not ORIGINAL[0]
     assert (nn.QuantizedLinear.__call__, nn.QuantizedEmbedding.as_linear) == ORIGINAL
-    with pytest.raises(RuntimeError), dequantized_reference():
+    with pytest.raises(RuntimeError), kernel_reference():
         raise RuntimeError("a probe failed")
     assert (nn.QuantizedLinear.__call__, nn.QuantizedEmbedding.as_linear) == ORIGINAL
 
@@ -92,7 +92,7 @@ def test_a_host_body_that_differs_from_the_model_is_still_refused_inside(tiny_mo
     model, _ = load(str(tiny_model))
     nn.quantize(model, group_size=32, bits=4)
     mx.eval(model.parameters())
-    with dequantized_reference():
+    with kernel_reference():
         host = HostBody.find(model)
         assert host is not None and host.quantized
         assert 7 in products  # the model's own pass over the 7-token probe, on the kernel
