@@ -127,7 +127,8 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
         if widened:
             vision.widen()
     fix_model(model, model_config)
-    # The probes below run the model's own forward passes: on a CPU, through BLAS.
+    # The probes below run the model's own forward passes: on a CPU, quantized layers on the
+    # quantized kernel (MLX's own CPU product re-reads the weight for every row).
     with contextlib.nullcontext() if group is not None else kernel_reference():
         return _with_step(config, model, model_config, tokenizer, vision, weights, kv_scale,
                           how, group, blas, on_progress)
