@@ -15,8 +15,9 @@ Invariants:
   and the quantized kernel builds (runner/quant_kernel.py), the 4- and 8-bit layers stay as
   stored, for the kernel, and only the rest is widened (`widen_around_kernel`): the decode
   step then reads a quarter (8-bit) or an eighth (4-bit) of the float32 bytes. 2-, 3-, 5-
-  and 6-bit layers are held in 4 or 8 bits for it (runner/repack.py), exactly. "on" still
-  widens everything.
+  and 6-bit layers are held in 4 or 8 bits for it (runner/repack.py), exactly. That too
+  only where the bytes it adds (`kernel_extra_bytes`) and the KV budget fit FREE_SHARE of
+  the memory available. "on" still widens everything.
 - Widening is exact for the stored values: a quantized layer becomes `mx.dequantize` of its
   arrays (mlx-lm's own `dequantize_model`), a 16-bit array its float32 image. Only the
   arithmetic after that is wider.
@@ -123,6 +124,38 @@ def kernel_layers(model) -> list[str]:
             if takes(module) or repackable(module)]
 
 
+def kernel_extra_bytes(model) -> int:
+    """The bytes `widen_around_kernel` adds to `model`: float32 scales and biases of the
+    layers the kernel takes, the wider fields of those it repacks, and float32 copies of
+    every other weight. Measured without evaluating anything."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from mlxr.runner.quant_kernel import takes
+    from mlxr.runner.repack import WIDER, repackable
+
+    extra, seen = 0, set()
+    for _, module in model.named_modules():
+        bits = getattr(module, "bits", None)
+        if bits is None or not isinstance(getattr(module, "scales", None), mx.array):
+            continue
+        arrays = [a for a in (module.get(n) for n in ("weight", "scales", "biases"))
+                  if isinstance(a, mx.array)]
+        seen.update(id(a) for a in arrays)
+        if takes(module) or repackable(module):
+            extra += sum(a.size * 4 - a.nbytes for a in arrays[1:])
+            if repackable(module):
+                extra += module.weight.nbytes * (WIDER[bits] - bits) // bits
+        else:
+            weight = module.weight
+            wide = weight.size // weight.shape[-1] * (weight.shape[-1] * 32 // bits) * 4
+            extra += wide - sum(a.nbytes for a in arrays)
+    for _, array in tree_flatten(model.parameters()):
+        if id(array) not in seen and mx.issubdtype(array.dtype, mx.floating):
+            extra += array.size * 4 - array.nbytes
+    return extra
+
+
 def widen_around_kernel(model) -> int:
     """Make every weight of `model` float32 except the quantized layers the kernel takes,
     which keep their packed values (their scales and biases become float32), and evaluate
@@ -178,7 +211,7 @@ def float32_on_cpu(model, mode: str, kv_budget: int, available: int,
     fp = footprint(model)
     on_cpu = mx.default_device().type == mx.DeviceType.cpu
     if host_kernel and on_cpu and mode == "auto" and agree is None and kernel_layers(model) \
-            and kv_budget <= available * FREE_SHARE:
+            and kv_budget + kernel_extra_bytes(model) <= available * FREE_SHARE:
         from mlxr.runner.quant_kernel import QuantKernel
 
         if QuantKernel.load() is not None:

@@ -1,7 +1,9 @@
 """2-, 3-, 5- and 6-bit layers held in 4 or 8 bits for the quantized kernel
 (runner/repack.py): the same dequantized values bit for bit, for linears and embeddings of
-each group size; what is not repacked; and a 5-bit model loaded the runner's way (its layers
-on the kernel, not widened to float32) giving mlx-lm's greedy tokens for the 5-bit model."""
+each group size; what is not repacked; a 5-bit model loaded the runner's way (its layers on
+the kernel, not widened to float32) giving mlx-lm's greedy tokens for the 5-bit model; and
+the bytes that holding a model around the kernel adds, counted before it is done, so that a
+model they do not fit stays as stored."""
 
 from __future__ import annotations
 
@@ -80,3 +82,26 @@ def test_a_5_bit_model_runs_on_the_kernel_and_gives_mlx_lms_greedy_tokens(tiny_m
     seqs = five_greedy_rows(step)
     assert [s.output_tokens for s in seqs] == [
         mlx_lm_greedy(original, s.prompt_tokens, 6 + i) for i, s in enumerate(seqs)]
+
+
+def test_the_bytes_held_around_the_kernel_are_counted_and_a_model_they_do_not_fit_stays_stored(
+        tiny_model):
+    five = nn.QuantizedLinear.from_linear(nn.Linear(256, 40), 32, 5)
+    half = nn.QuantizedLinear.from_linear(nn.Linear(256, 40), 32, 4)
+    half.scales, half.biases = half.scales.astype(mx.bfloat16), half.biases.astype(mx.bfloat16)
+    six = nn.QuantizedLinear.from_linear(nn.Linear(256, 40, bias=False), 64, 6, mode="affine")
+    mxfp4 = nn.QuantizedLinear.from_linear(nn.Linear(256, 40, bias=False), 32, 4, mode="mxfp4")
+    assert weights.kernel_extra_bytes(five) == five.weight.nbytes * 3 // 5  # and its f32 bias
+    assert weights.kernel_extra_bytes(half) == half.scales.nbytes + half.biases.nbytes
+    assert weights.kernel_extra_bytes(six) == six.weight.nbytes * 2 // 6
+    stored = sum(a.nbytes for a in (mxfp4.weight, mxfp4.scales))
+    assert weights.kernel_extra_bytes(mxfp4) == 40 * 256 * 4 - stored  # widened to float32
+    model, _ = load(str(tiny_model))
+    nn.quantize(model, group_size=32, bits=5)
+    mx.eval(model.parameters())
+    need = weights.kernel_extra_bytes(model)
+    assert need > 0
+    held = weights.float32_on_cpu(model, "auto", 0, int(need / weights.FREE_SHARE) - 1,
+                                  host_kernel=True)
+    assert held == "5-bit"  # neither repacked nor widened: as stored
+    assert all(m.bits == 5 for _, m in model.named_modules() if isinstance(m, nn.QuantizedLinear))
