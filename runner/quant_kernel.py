@@ -54,7 +54,7 @@ SPLIT_ELEMENTS = 1 << 17  # smaller weights are one thread's work (a hand-off co
 SUPER_GROUPS = 8  # groups of 32 in a super-block: a Q4_K block's 256 weights
 _FUNCTIONS = ["mlxr_quant_rows_parts", "mlxr_quant_width", "mlxr_quant_use_width",
               "mlxr_quant_dequantize", "mlxr_parts", "mlxr_quant_super_parts",
-              "mlxr_quant_factored"]
+              "mlxr_quant_factored", "mlxr_quant_repack"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,10 +174,11 @@ def lanes_for(rows: int) -> int:
 
 class QuantKernel:
     def __init__(self, fn, width: int, dequantize, use_width, parts=None, super_parts=None,
-                 factored=None):
+                 factored=None, repack=None):
         self.rows_parts = fn  # mlxr_quant_rows_parts (also runner/decode_row.py's products)
         self.super_parts = super_parts  # mlxr_quant_super_parts: one row, `SuperScales`
         self._factored = factored  # mlxr_quant_factored: finds `SuperScales`
+        self._repack = repack  # mlxr_quant_repack: runner/repack.py's wider fields
         self._dequantize = dequantize
         self._use_width = use_width
         self.width = width  # floats a vector on this CPU: 16, 8 or 4
@@ -207,8 +208,8 @@ class QuantKernel:
         return None if found is None else cls._of(*found)
 
     @classmethod
-    def _of(cls, fn, width, use_width, dequantize, parts, super_parts,
-            factored) -> "QuantKernel":
+    def _of(cls, fn, width, use_width, dequantize, parts, super_parts, factored,
+            repack) -> "QuantKernel":
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
@@ -229,7 +230,10 @@ class QuantKernel:
         factored.restype = ctypes.c_int
         factored.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                              ctypes.c_int]
-        return cls(fn, width(), dequantize, use_width, parts, super_parts, factored)
+        repack.restype = ctypes.c_int
+        repack.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_long,
+                           ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        return cls(fn, width(), dequantize, use_width, parts, super_parts, factored, repack)
 
     def dequantize(self, weight: QuantizedWeight, out: np.ndarray) -> None:
         """out (out, in), C-contiguous float32 = the weight's values, as `mx.dequantize`
@@ -277,6 +281,18 @@ class QuantKernel:
                           codes.ctypes.data, host_parallel.workers()) != 0:
             return None
         return factors, codes
+
+    def repack(self, packed: np.ndarray, bits: int, wide: int) -> np.ndarray:
+        """(rows, depth * bits / 8) uint8 of MLX's `bits`-bit layout (2, 3, 5 or 6) -> the
+        same values in `wide`-bit fields (4 or 8), (rows, depth * wide / 8) uint8; split
+        across the cores."""
+        packed = np.ascontiguousarray(packed)
+        rows, depth = packed.shape[0], packed.shape[1] * 8 // bits
+        out = np.empty((rows, depth * wide // 8), dtype=np.uint8)
+        if self._repack(packed.ctypes.data, bits, rows, depth, out.ctypes.data, wide,
+                        host_parallel.workers()) != 0:
+            raise ValueError(f"cannot repack {bits} bits into {wide}")
+        return out
 
     def one_row(self, weight: QuantizedWeight) -> "OneRow":
         """One row's products with `weight`, its addresses read once (`OneRow`)."""

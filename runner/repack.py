@@ -16,7 +16,9 @@ the repacked layer as it read the original.
 
 MLX's layout (pinned by the kernel's tests too): each weight row is a little-endian stream of
 `bits`-bit fields, element i in bits [i * bits, (i + 1) * bits); so every 8 elements fill
-exactly `bits` bytes, which `values` reads as one 64-bit word.
+exactly `bits` bytes, which the kernel's `mlxr_quant_repack` reads as one 64-bit word (a
+0.6B model's 197 layers in 0.75 s on the 2-core EPYC, most of it the new arrays' first
+touch, where numpy took 1.36 s).
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from mlxr.runner.quant_kernel import QuantKernel
+
 WIDER = {2: 4, 3: 4, 5: 8, 6: 8}  # a bit count -> the kernel's width that holds it
 GROUPS = (32, 64, 128)  # the group sizes the kernel takes
-ROWS_AT_ONCE = 4096  # rows unpacked at a time: bounds the temporaries
 
 
 def repackable(module) -> bool:
@@ -38,28 +41,10 @@ def repackable(module) -> bool:
         module.weight.dtype == mx.uint32
 
 
-def repack(module) -> None:
-    """Hold `module`'s values in the kernel's width, in place (`repackable` first)."""
-    bits, wide = module.bits, WIDER[module.bits]
+def repack(module, kernel: QuantKernel) -> None:
+    """Hold `module`'s values in the kernel's width, in place (`repackable` first), through
+    the kernel's C `mlxr_quant_repack`."""
+    wide = WIDER[module.bits]
     packed = np.asarray(module.weight).view(np.uint8)
-    rows = packed.shape[0]
-    depth = packed.shape[1] * 8 // bits
-    out = np.empty((rows, depth * wide // 8), dtype=np.uint8)
-    for start in range(0, rows, ROWS_AT_ONCE):
-        part = values(packed[start:start + ROWS_AT_ONCE], bits)
-        out[start:start + len(part)] = part if wide == 8 else part[:, 0::2] | (part[:, 1::2] << 4)
-    module.weight = mx.array(out.view(np.uint32))
+    module.weight = mx.array(kernel.repack(packed, module.bits, wide).view(np.uint32))
     module.bits = wide
-
-
-def values(packed: np.ndarray, bits: int) -> np.ndarray:
-    """(rows, depth * bits / 8) uint8 of MLX's `bits`-bit layout -> (rows, depth) uint8."""
-    rows = packed.shape[0]
-    words = np.zeros((rows, packed.shape[1] // bits, 8), dtype=np.uint8)
-    words[..., :bits] = packed.reshape(rows, -1, bits)
-    words = words.view("<u8")[..., 0]  # eight elements a word
-    out = np.empty((rows, words.shape[1], 8), dtype=np.uint8)
-    mask = np.uint64((1 << bits) - 1)
-    for k in range(8):
-        out[..., k] = (words >> np.uint64(bits * k)) & mask
-    return out.reshape(rows, -1)

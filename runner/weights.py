@@ -166,13 +166,14 @@ def widen_around_kernel(model) -> int:
     import mlx.nn as nn
     from mlx.utils import tree_unflatten
 
-    from mlxr.runner.quant_kernel import takes
+    from mlxr.runner.quant_kernel import QuantKernel, takes
     from mlxr.runner.repack import repack, repackable
 
+    kernel = QuantKernel.load()
     plain, repacked = [], 0
     for name, module in model.named_modules():
-        if repackable(module):
-            repack(module)
+        if kernel is not None and repackable(module):
+            repack(module, kernel)
             repacked += 1
         if takes(module):
             continue

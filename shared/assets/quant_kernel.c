@@ -977,3 +977,57 @@ int mlxr_quant_factored(const float *values, long n, float *factors, uint8_t *co
     rows_in_parts(factored_job, &args, 0, n, parts);
     return atomic_load(&args.failed) ? -1 : 0;
 }
+
+typedef struct {
+    const uint8_t *src;
+    uint8_t *dst;
+    long depth;
+    int bits, wide;
+} repack_args;
+
+/* One row of REPACK's: every 8 fields of `bits` bits fill `bits` bytes, read as one
+ * little-endian word (MLX's layout, and these hosts' byte order); a constant `bits` makes
+ * the copy and the shifts plain loads and immediates. */
+#define REPACK_ROW(BITS, WIDE, s, d, depth)                                                   \
+    for (long i = 0; i < (depth) / 8; i++) {                                                  \
+        uint64_t w = 0;                                                                       \
+        memcpy(&w, (s) + i * (BITS), BITS);                                                   \
+        uint8_t v[8];                                                                         \
+        for (int k = 0; k < 8; k++)                                                           \
+            v[k] = (uint8_t)((w >> ((BITS) * k)) & ((1u << (BITS)) - 1));                     \
+        if ((WIDE) == 8)                                                                      \
+            memcpy((d) + 8 * i, v, 8);                                                        \
+        else                                                                                  \
+            for (int k = 0; k < 4; k++)                                                       \
+                (d)[4 * i + k] = (uint8_t)(v[2 * k] | (v[2 * k + 1] << 4));                   \
+    }
+
+static void repack_job(const void *args, long j0, long j1)
+{
+    const repack_args *p = args;
+    const long from = p->depth * p->bits / 8, to = p->depth * p->wide / 8;
+    for (long j = j0; j < j1; j++) {
+        const uint8_t *s = p->src + j * from;
+        uint8_t *d = p->dst + j * to;
+        switch (p->bits) {
+        case 2: REPACK_ROW(2, 4, s, d, p->depth); break;
+        case 3: REPACK_ROW(3, 4, s, d, p->depth); break;
+        case 5: REPACK_ROW(5, 8, s, d, p->depth); break;
+        default: REPACK_ROW(6, 8, s, d, p->depth); break;
+        }
+    }
+}
+
+/* v rows of an MLX `bits`-bit weight (2, 3, 5 or 6; depth a multiple of 8) into `wide`-bit
+ * fields (4 for 2 or 3 bits, 8 for 5 or 6), the same values: runner/repack.py. In up to
+ * `parts` ranges on the workers. Returns 0, or -1 for arguments it does not take. */
+int mlxr_quant_repack(const uint8_t *src, int bits, long v, long depth, uint8_t *dst, int wide,
+                      int parts)
+{
+    if (v < 0 || depth < 8 || depth % 8 || !((wide == 4 && (bits == 2 || bits == 3)) ||
+                                             (wide == 8 && (bits == 5 || bits == 6))))
+        return -1;
+    repack_args args = {src, dst, depth, bits, wide};
+    rows_in_parts(repack_job, &args, 0, v, parts);
+    return 0;
+}

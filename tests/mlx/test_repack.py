@@ -21,6 +21,13 @@ from tests.mlx.test_host_attention import mlx_lm_greedy
 from tests.mlx.test_row_kernel import five_greedy_rows
 
 
+@pytest.fixture(scope="module")
+def kernel() -> QuantKernel:
+    built = QuantKernel.load()
+    assert built is not None  # `make test` machines have a C compiler
+    return built
+
+
 def dequantized(module) -> np.ndarray:
     return np.array(mx.dequantize(module.weight, module.scales, module.biases,
                                   module.group_size, module.bits))
@@ -28,14 +35,14 @@ def dequantized(module) -> np.ndarray:
 
 @pytest.mark.parametrize("bits", sorted(WIDER))
 @pytest.mark.parametrize("group", [32, 64, 128])
-def test_a_repacked_layer_holds_the_same_values_in_the_kernels_width(bits, group):
+def test_a_repacked_layer_holds_the_same_values_in_the_kernels_width(kernel, bits, group):
     linear = nn.Linear(256, 40, bias=True)
     linear.weight = mx.random.normal((40, 256), key=mx.random.key(bits * group))
     layer = nn.QuantizedLinear.from_linear(linear, group, bits)
     want, x = dequantized(layer), mx.random.normal((3, 256), key=mx.random.key(1))
     want_out = np.array(layer(x))
     assert repackable(layer) and not takes(layer)
-    repack(layer)
+    repack(layer, kernel)
     assert layer.bits == WIDER[bits] and takes(layer)
     assert layer.weight.dtype == mx.uint32 and layer.weight.shape == (40, 256 * layer.bits // 32)
     assert np.array_equal(dequantized(layer), want)  # bit for bit
@@ -43,18 +50,26 @@ def test_a_repacked_layer_holds_the_same_values_in_the_kernels_width(bits, group
 
 
 @pytest.mark.parametrize("bits", [3, 5])
-def test_a_repacked_embedding_looks_up_and_projects_the_same(bits):
-    embedding = nn.Embedding(5000, 64)  # more rows than one pass of the unpacking takes
+def test_a_repacked_embedding_looks_up_and_projects_the_same(kernel, bits):
+    embedding = nn.Embedding(5000, 64)  # rows enough for both cores' parts
     embedding.weight = mx.random.normal((5000, 64), key=mx.random.key(bits))
     layer = nn.QuantizedEmbedding.from_embedding(embedding, 32, bits)
     ids, x = mx.array([[0, 4097, 4999]]), mx.random.normal((2, 64), key=mx.random.key(2))
     want_rows, want_out, want = np.array(layer(ids)), np.array(layer.as_linear(x)), \
         dequantized(layer)
-    repack(layer)
+    repack(layer, kernel)
     assert layer.bits == WIDER[bits]
     assert np.array_equal(dequantized(layer), want)
     assert np.array_equal(np.array(layer(ids)), want_rows)
     assert np.allclose(np.array(layer.as_linear(x)), want_out, rtol=1e-5, atol=1e-5)
+
+
+def test_the_kernel_refuses_widths_it_has_no_field_for(kernel):
+    packed = np.zeros((4, 40), dtype=np.uint8)  # 64 values of 5 bits a row
+    assert kernel.repack(packed, 5, 8).shape == (4, 64)
+    for bits, wide in ((4, 8), (5, 4), (3, 8), (8, 8)):
+        with pytest.raises(ValueError):
+            kernel.repack(packed, bits, wide)
 
 
 def test_what_is_not_repacked():
@@ -65,8 +80,7 @@ def test_what_is_not_repacked():
     assert not repackable(nn.QuantizedLinear.from_linear(linear, 32, 4, mode="mxfp4"))
 
 
-def test_a_5_bit_model_runs_on_the_kernel_and_gives_mlx_lms_greedy_tokens(tiny_model):
-    assert QuantKernel.load() is not None  # `make test` machines have a C compiler
+def test_a_5_bit_model_runs_on_the_kernel_and_gives_mlx_lms_greedy_tokens(tiny_model, kernel):
     original, _ = load(str(tiny_model))
     nn.quantize(original, group_size=32, bits=5)
     mx.eval(original.parameters())
