@@ -27,10 +27,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlxr.runner.quant_kernel import QuantKernel
+from mlxr.runner.quant_kernel import GROUPS, QuantKernel
 
 WIDER = {2: 4, 3: 4, 5: 8, 6: 8}  # a bit count -> the kernel's width that holds it
-GROUPS = (32, 64, 128)  # the group sizes the kernel takes
 
 
 def repackable(module) -> bool:

@@ -68,6 +68,32 @@ def decide(mode: str, on_cpu: bool, footprint: Footprint, available: int,
     return True, "on the CPU, where float32 matmuls use BLAS"
 
 
+def _quantized(model) -> list[tuple]:
+    """(module, bits, [its packed weight, scales, biases]) for each quantized layer of
+    `model`."""
+    import mlx.core as mx
+
+    out = []
+    for _, module in model.named_modules():
+        bits = getattr(module, "bits", None)
+        if bits is None or not isinstance(getattr(module, "scales", None), mx.array):
+            continue
+        arrays = [a for a in (getattr(module, n, None) for n in ("weight", "scales", "biases"))
+                  if isinstance(a, mx.array)]
+        out.append((module, bits, arrays))
+    return out
+
+
+def _ids(layers: list[tuple]) -> set[int]:
+    """The ids of those layers' arrays (the parameters not to count again)."""
+    return {id(a) for _, _, arrays in layers for a in arrays}
+
+
+def _float32_bytes(weight, bits: int) -> int:
+    """A packed `bits`-bit weight's bytes once dequantized to float32."""
+    return weight.size // weight.shape[-1] * (weight.shape[-1] * 32 // bits) * 4
+
+
 def footprint(model) -> Footprint:
     """Measure `model` (an mlx.nn.Module) without evaluating anything."""
     import mlx.core as mx
@@ -75,20 +101,12 @@ def footprint(model) -> Footprint:
 
     stored = wide = 0
     kinds: set[str] = set()
-    quantized_arrays: set[int] = set()
-    for _, module in model.named_modules():
-        bits = getattr(module, "bits", None)
-        if bits is None or not isinstance(getattr(module, "scales", None), mx.array):
-            continue
-        weight = module.weight
-        in_dims = weight.shape[-1] * 32 // bits
-        wide += weight.size // weight.shape[-1] * in_dims * 4
+    layers = _quantized(model)
+    quantized_arrays = _ids(layers)
+    for module, bits, arrays in layers:
+        wide += _float32_bytes(module.weight, bits)
         kinds.add(f"{bits}-bit")
-        for name in ("weight", "scales", "biases"):
-            array = getattr(module, name, None)
-            if isinstance(array, mx.array):
-                stored += array.nbytes
-                quantized_arrays.add(id(array))
+        stored += sum(a.nbytes for a in arrays)
     for _, array in tree_flatten(model.parameters()):
         if id(array) in quantized_arrays:
             continue
@@ -134,22 +152,16 @@ def kernel_extra_bytes(model) -> int:
     from mlxr.runner.quant_kernel import takes
     from mlxr.runner.repack import WIDER, repackable
 
-    extra, seen = 0, set()
-    for _, module in model.named_modules():
-        bits = getattr(module, "bits", None)
-        if bits is None or not isinstance(getattr(module, "scales", None), mx.array):
-            continue
-        arrays = [a for a in (module.get(n) for n in ("weight", "scales", "biases"))
-                  if isinstance(a, mx.array)]
-        seen.update(id(a) for a in arrays)
+    extra = 0
+    layers = _quantized(model)
+    seen = _ids(layers)
+    for module, bits, arrays in layers:
         if takes(module) or repackable(module):
             extra += sum(a.size * 4 - a.nbytes for a in arrays[1:])
             if repackable(module):
                 extra += module.weight.nbytes * (WIDER[bits] - bits) // bits
         else:
-            weight = module.weight
-            wide = weight.size // weight.shape[-1] * (weight.shape[-1] * 32 // bits) * 4
-            extra += wide - sum(a.nbytes for a in arrays)
+            extra += _float32_bytes(module.weight, bits) - sum(a.nbytes for a in arrays)
     for _, array in tree_flatten(model.parameters()):
         if id(array) not in seen and mx.issubdtype(array.dtype, mx.floating):
             extra += array.size * 4 - array.nbytes
