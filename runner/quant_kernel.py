@@ -19,6 +19,8 @@ a float32 factor per 256 weights times a 6-bit code. As MLX's float32 scales and
 are 2 of a weight's 6 bits. `QuantKernel.with_supers` finds the factors and codes again
 (where every scale and bias is rebuilt exactly) and one row's product then reads a byte a
 code and the factors: 4.75 bits a weight, 21% fewer bytes, the same floats (`SuperScales`).
+The same holds for 8 bits: a Q5_K weight (held in 8-bit fields, runner/repack.py) and a Q6_K
+one (imported with scales of that form) are read at 8.5 bits a weight instead of 10.
 A decode step streams every weight once, at what one core's loads sustain (about 12 GB/s
 here), so bytes are time. The float32 arrays stay for everything else.
 
@@ -59,10 +61,10 @@ _FUNCTIONS = ["mlxr_quant_rows_parts", "mlxr_quant_width", "mlxr_quant_use_width
 
 @dataclass(frozen=True, slots=True)
 class SuperScales:
-    """A 4-bit, group-32 weight's scales and biases as factors per super-block of SUPER_GROUPS
-    groups times byte codes: group g's scale is factors[:, g // 8] * codes[:, g], its bias
-    factors[:, supers + g // 8] * codes[:, groups + g], each product exactly the float32
-    scale or bias (shared/assets/quant_kernel.c `mlxr_quant_super_parts`)."""
+    """A 4- or 8-bit, group-32 weight's scales and biases as factors per super-block of
+    SUPER_GROUPS groups times byte codes: group g's scale is factors[:, g // 8] * codes[:, g],
+    its bias factors[:, supers + g // 8] * codes[:, groups + g], each product exactly the
+    float32 scale or bias (shared/assets/quant_kernel.c `mlxr_quant_super_parts`)."""
 
     codes: np.ndarray  # uint8 (out, 2 * groups): a row's scale codes, then its bias codes
     factors: np.ndarray  # float32 (out, 2 * supers): a row's scale factors, then its bias ones
@@ -224,9 +226,9 @@ class QuantKernel:
         parts.restype = None
         parts.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
         super_parts.restype = ctypes.c_int
-        super_parts.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
-                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
-                                ctypes.c_long, ctypes.c_int]
+        super_parts.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
+                                ctypes.c_long, ctypes.c_long, ctypes.c_int]
         factored.restype = ctypes.c_int
         factored.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                              ctypes.c_int]
@@ -257,9 +259,10 @@ class QuantKernel:
 
     def with_supers(self, weight: QuantizedWeight) -> QuantizedWeight:
         """`weight` with its scales and biases as super-blocks where each one is a float32
-        factor per super-block times a code in 0..63, exactly (a GGUF Q4_K import's are),
+        factor per super-block times a code in 0..63, exactly (a GGUF Q4_K, Q5_K or Q6_K
+        import's are),
         else `weight` (C `mlxr_quant_factored`, split across the cores)."""
-        if weight.bits != 4 or weight.group != 32 or weight.supers is not None or \
+        if weight.group != 32 or weight.supers is not None or \
                 weight.scales.shape[1] % SUPER_GROUPS:
             return weight
         found = [self._super_blocks(values) for values in (weight.scales, weight.biases)]
@@ -304,7 +307,8 @@ class QuantKernel:
         x = kernel_layout(block, weight.bits, lanes)
         if b == 1 and weight.supers is not None:
             supers = weight.supers
-            if self.super_parts(weight.q.ctypes.data, depth, supers.codes.ctypes.data,
+            if self.super_parts(weight.q.ctypes.data, weight.bits, depth,
+                                supers.codes.ctypes.data,
                                 supers.factors.ctypes.data, x.ctypes.data, out.ctypes.data,
                                 width, 0, width, parts_for(weight)) != 0:
                 raise ValueError("quantized kernel refused its arguments")
@@ -339,7 +343,7 @@ class OneRow:
                           parts_for(weight))
         else:
             self._fn = kernel.super_parts
-            self._args = (weight.q.ctypes.data, depth, supers.codes.ctypes.data,
+            self._args = (weight.q.ctypes.data, weight.bits, depth, supers.codes.ctypes.data,
                           supers.factors.ctypes.data, self._row.ctypes.data,
                           self.out.ctypes.data, width, 0, width, parts_for(weight))
 

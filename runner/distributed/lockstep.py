@@ -27,7 +27,6 @@ Invariants (checked by the tests against the single-process runner, token for to
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import tempfile
@@ -56,11 +55,14 @@ def join_group(config: Any) -> Any:
         with os.fdopen(fd, "w") as f:
             f.write(orjson.dumps([[address] for address in config.ring]).decode())
         os.environ["MLX_RANK"], os.environ["MLX_HOSTFILE"] = str(config.rank), path
-        atexit.register(_unlink, path)
     if os.environ.get("MLX_RANK") is None:
         return None
     backend = os.environ.get("MLXR_DISTRIBUTED_BACKEND", "ring")
-    group = mx.distributed.init(backend=backend, strict=True)
+    try:
+        group = mx.distributed.init(backend=backend, strict=True)
+    finally:
+        if config.ring:  # read by init; a runner stopped by a signal would leave it behind
+            _unlink(os.environ.pop("MLX_HOSTFILE"))
     log.info("distributed: rank %d of %d (%s)", group.rank(), group.size(), backend)
     return group if group.size() > 1 else None
 

@@ -303,8 +303,9 @@ void mlxr_attend_rows(const void *args, long a, long z)
 typedef int (*quant_fn)(const uint8_t *q, int bits, long h, int group, const float *scales,
                         const float *biases, const float *x, int lanes, float *out, long v,
                         int b, long j0, long j1, int parts);
-typedef int (*super_fn)(const uint8_t *q, long h, const uint8_t *codes, const float *factors,
-                        const float *x, float *out, long v, long j0, long j1, int parts);
+typedef int (*super_fn)(const uint8_t *q, int bits, long h, const uint8_t *codes,
+                        const float *factors, const float *x, float *out, long v, long j0,
+                        long j1, int parts);
 typedef void (*sgemv_fn)(int order, int trans, int m, int n, float alpha, const float *a,
                          int lda, const float *x, int incx, float beta, float *y, int incy);
 typedef void (*job_fn)(const void *args, long a, long z);
@@ -318,7 +319,7 @@ enum { /* a linear layer */
     LIN_KIND, LIN_W, LIN_SCALES, LIN_BIASES, LIN_BITS, LIN_GROUP, LIN_OUT, LIN_IN, LIN_BIAS,
     LIN_PARTS, LIN_SLOTS
 };
-/* KIND_SUPER: a 4-bit weight whose scales and biases come as super-blocks, LIN_SCALES its
+/* KIND_SUPER: a 4- or 8-bit weight whose scales and biases come as super-blocks, LIN_SCALES its
  * codes and LIN_BIASES its factors (`mlxr_quant_super_parts`) */
 enum { KIND_QUANT = 1, KIND_FLOAT = 2, KIND_SUPER = 3 };
 enum { /* a layer: its norms and scale, then its seven linears */
@@ -431,10 +432,12 @@ INLINE int linear(const int64_t *model, const int64_t *l, const float *x, const 
                                           (int)l[LIN_PARTS]) != 0)
             return -1;
     } else if (l[LIN_KIND] == KIND_SUPER) {
-        if (PTR(super_fn, model[M_SUPER])(PTR(const uint8_t *, l[LIN_W]), depth,
+        int bits = (int)l[LIN_BITS];
+        if (PTR(super_fn, model[M_SUPER])(PTR(const uint8_t *, l[LIN_W]), bits, depth,
                                           PTR(const uint8_t *, l[LIN_SCALES]),
-                                          PTR(const float *, l[LIN_BIASES]), ordered, out, rows,
-                                          0, rows, (int)l[LIN_PARTS]) != 0)
+                                          PTR(const float *, l[LIN_BIASES]),
+                                          bits == 4 ? ordered : x, out, rows, 0, rows,
+                                          (int)l[LIN_PARTS]) != 0)
             return -1;
     } else {
         PTR(sgemv_fn, model[M_SGEMV])(101, 111, (int)rows, (int)depth, 1.0f,

@@ -20,8 +20,8 @@
  * its 16 odd ones (runner/quant_kernel.py makes it). One row times a 4-bit weight whose depth
  * is a multiple of 128 (every decode step's products, on real models' shapes) is QROW4's:
  * the weight read as 32-bit words, x in another order. A GGUF Q4_K import's scales and
- * biases can also come as byte codes and a factor per 256 weights (`mlxr_quant_super_parts`;
- * `mlxr_quant_factored` finds them).
+ * biases can also come as byte codes and a factor per 256 weights (`mlxr_quant_super_parts`,
+ * for one row, 4 or 8 bits; `mlxr_quant_factored` finds them).
  *
  * Built on demand by runner/quant_kernel.py with the system C compiler. On x86-64 (GCC or
  * clang) one copy is compiled for AVX-512 (16 floats a vector), one for AVX2 with FMA (8) and
@@ -140,35 +140,74 @@
     static ATTR void NAME(const uint8_t *q, long h, const float *sc, const float *bi,        \
                           const float *x, float *out, long j0, long j1)                       \
     {                                                                                         \
-        typedef float vf __attribute__((vector_size(4 * W)));                                 \
-        typedef int32_t vi __attribute__((vector_size(4 * W)));                               \
-        enum { GB = G * BITS / 8 }; /* a group's bytes */                                     \
-        const long rowbytes = h * BITS / 8, groups = h / G;                                   \
-        float xs[groups]; /* each group's sum of x (a vector at a time: a scalar sum is */   \
-        for (long g = 0; g < groups; g++) { /* one dependent add per position) */            \
-            vf part = {0};                                                                    \
-            _Pragma("GCC unroll 8") for (int k = 0; k < G; k += W) {                          \
-                vf xv;                                                                        \
-                LOAD(xv, x + g * G + k);                                                      \
-                part += xv;                                                                   \
-            }                                                                                 \
-            float sum = 0;                                                                    \
-            _Pragma("GCC unroll 16") for (int i = 0; i < W; i++) sum += part[i];              \
-            xs[g] = sum;                                                                      \
-        }                                                                                     \
+        SEQ_SUMS(W, BITS, G)                                                                  \
         for (long j = j0; j < j1; j++) {                                                      \
-            const uint8_t *row = q + j * rowbytes;                                            \
             const float *s = sc + j * groups, *z = bi + j * groups;                           \
-            vf a0 = {0}, a1 = {0};                                                            \
-            long g = 0;                                                                       \
-            for (; g + 2 <= groups; g += 2) {                                                 \
-                SEQ_GROUP(W, BITS, BYTES, G, g, a0);                                          \
-                SEQ_GROUP(W, BITS, BYTES, G, g + 1, a1);                                      \
-            }                                                                                 \
-            if (g < groups)                                                                   \
-                SEQ_GROUP(W, BITS, BYTES, G, g, a0);                                          \
-            ROW_OUT(W);                                                                       \
+            SEQ_ROW(W, BITS, BYTES, G)                                                        \
         }                                                                                     \
+    }
+
+/* QSEQ for an 8-bit weight in groups of 32 whose scales and biases come in super-blocks
+ * (`mlxr_quant_super_parts`: a GGUF Q5_K import held in 8 bits, or a Q6_K one): each row's
+ * are rebuilt on the stack first, the floats QSEQ would have read, 8.5 bits a weight read
+ * instead of 10. */
+#define QSEQ_SUPER(NAME, ATTR, W, BYTES)                                                      \
+    static ATTR void NAME(const uint8_t *q, long h, const uint8_t *codes,                     \
+                          const float *factors, const float *x, float *out, long j0, long j1) \
+    {                                                                                         \
+        enum { G = 32 };                                                                      \
+        SEQ_SUMS(W, 8, G)                                                                     \
+        const long supers = groups / SUPER_GROUPS;                                            \
+        float s[groups], z[groups];                                                           \
+        for (long j = j0; j < j1; j++) {                                                      \
+            SUPER_ROW_SCALES(W)                                                               \
+            SEQ_ROW(W, 8, BYTES, G)                                                           \
+        }                                                                                     \
+    }
+
+/* QSEQ's types, and xs[g]: each group's sum of x (a vector at a time: a scalar sum is one
+ * dependent add per position) */
+#define SEQ_SUMS(W, BITS, G)                                                                  \
+    typedef float vf __attribute__((vector_size(4 * W)));                                     \
+    typedef int32_t vi __attribute__((vector_size(4 * W)));                                   \
+    enum { GB = G * BITS / 8 }; /* a group's bytes */                                         \
+    const long rowbytes = h * BITS / 8, groups = h / G;                                       \
+    float xs[groups];                                                                         \
+    for (long g = 0; g < groups; g++) {                                                       \
+        vf part = {0};                                                                        \
+        _Pragma("GCC unroll 8") for (int k = 0; k < G; k += W) {                              \
+            vf xv;                                                                            \
+            LOAD(xv, x + g * G + k);                                                          \
+            part += xv;                                                                       \
+        }                                                                                     \
+        float sum = 0;                                                                        \
+        _Pragma("GCC unroll 16") for (int i = 0; i < W; i++) sum += part[i];                  \
+        xs[g] = sum;                                                                          \
+    }
+
+/* QSEQ's out[j], for weight row j with scales s and biases z */
+#define SEQ_ROW(W, BITS, BYTES, G)                                                            \
+    const uint8_t *row = q + j * rowbytes;                                                    \
+    vf a0 = {0}, a1 = {0};                                                                    \
+    long g = 0;                                                                               \
+    for (; g + 2 <= groups; g += 2) {                                                         \
+        SEQ_GROUP(W, BITS, BYTES, G, g, a0);                                                  \
+        SEQ_GROUP(W, BITS, BYTES, G, g + 1, a1);                                              \
+    }                                                                                         \
+    if (g < groups)                                                                           \
+        SEQ_GROUP(W, BITS, BYTES, G, g, a0);                                                  \
+    ROW_OUT(W);
+
+/* Row j's scales s and biases z (stack arrays of `groups`) from its super-block codes and
+ * factors, prefetching SUPER_AHEAD rows on */
+#define SUPER_ROW_SCALES(W)                                                                   \
+    const uint8_t *c = codes + j * 2 * groups;                                                \
+    const float *f = factors + j * 2 * supers;                                                \
+    __builtin_prefetch(c + 2 * groups * SUPER_AHEAD);                                         \
+    __builtin_prefetch(f + 2 * supers * SUPER_AHEAD);                                         \
+    for (long b = 0; b < supers; b++) {                                                       \
+        CODES_##W(s + b * SUPER_GROUPS, c + b * SUPER_GROUPS, f[b]);                          \
+        CODES_##W(z + b * SUPER_GROUPS, c + groups + b * SUPER_GROUPS, f[supers + b]);        \
     }
 
 /* out[j] = the accumulators a0 + a1, summed, plus the biases z (one dot product with the
@@ -267,14 +306,7 @@
         const long supers = groups / SUPER_GROUPS;                                            \
         float s[groups], z[groups];                                                           \
         for (long j = j0; j < j1; j++) {                                                      \
-            const uint8_t *c = codes + j * 2 * groups;                                        \
-            const float *f = factors + j * 2 * supers;                                        \
-            __builtin_prefetch(c + 2 * groups * SUPER_AHEAD);                                 \
-            __builtin_prefetch(f + 2 * supers * SUPER_AHEAD);                                 \
-            for (long b = 0; b < supers; b++) {                                               \
-                CODES_##W(s + b * SUPER_GROUPS, c + b * SUPER_GROUPS, f[b]);                  \
-                CODES_##W(z + b * SUPER_GROUPS, c + groups + b * SUPER_GROUPS, f[supers + b]); \
-            }                                                                                 \
+            SUPER_ROW_SCALES(W)                                                               \
             ROW4_ROW(W, G)                                                                    \
         }                                                                                     \
     }
@@ -518,9 +550,11 @@ static inline __attribute__((target("avx2,fma"))) float hsum8(__m256 v)
 WIDTH(w16b8, AVX512, 16, 8, BYTES16)
 WIDTH(w16b4, AVX512, 16, 4, BYTES16)
 ROW4(w16, AVX512, 16)
+QSEQ_SUPER(super8_w16, AVX512, 16, BYTES16)
 WIDTH(w8b8, AVX2, 8, 8, BYTES8)
 WIDTH(w8b4, AVX2, 8, 4, BYTES8)
 ROW4(w8, AVX2, 8)
+QSEQ_SUPER(super8_w8, AVX2, 8, BYTES8)
 #else
 #define X86 0
 #endif
@@ -530,6 +564,7 @@ ROW4(w8, AVX2, 8)
 WIDTH(w4b8, , 4, 8, BYTES4)
 WIDTH(w4b4, , 4, 4, BYTES4)
 ROW4(w4, , 4)
+QSEQ_SUPER(super8_w4, , 4, BYTES4)
 
 static int width; /* the copy in use: 16, 8 or 4 floats a vector; 0 until chosen */
 
@@ -804,43 +839,47 @@ int mlxr_quant_rows_parts(const uint8_t *q, int bits, long h, int group, const f
     return 0;
 }
 
-/* One row times a 4-bit weight in groups of 32 whose scales and biases come in super-blocks
- * of SUPER_GROUPS groups (runner/quant_kernel.py `SuperScales`, a Q4_K import's own form):
- * codes (v, 2 * groups) bytes, each row's scale codes then its bias codes; factors
- * (v, 2 * supers) float32, each row's scale factors then its bias factors. Group g's scale is
- * factors[g / 8] * codes[g], its bias factors[supers + g / 8] * codes[groups + g]. x (1, h)
- * in QROW4's order; out[j] for j0 <= j < j1, split as `mlxr_quant_rows_parts` splits. Returns
- * 0, or -1 for arguments it does not take (h not a multiple of 256). */
+/* One row times a 4- or 8-bit weight in groups of 32 whose scales and biases come in
+ * super-blocks of SUPER_GROUPS groups (runner/quant_kernel.py `SuperScales`, a Q4_K or Q5_K
+ * import's own form): codes (v, 2 * groups) bytes, each row's scale codes then its bias codes;
+ * factors (v, 2 * supers) float32, each row's scale factors then its bias factors. Group g's
+ * scale is factors[g / 8] * codes[g], its bias factors[supers + g / 8] * codes[groups + g].
+ * x (1, h), for 4 bits in QROW4's order; out[j] for j0 <= j < j1, split as
+ * `mlxr_quant_rows_parts` splits. Returns 0, or -1 for arguments it does not take (h not a
+ * multiple of 256, bits not 4 or 8). */
 typedef struct {
     const uint8_t *q, *codes;
     const float *factors, *x;
     float *out;
     long h;
+    int bits;
 } super_args;
+
+typedef void (*super_kernel)(const uint8_t *q, long h, const uint8_t *codes,
+                             const float *factors, const float *x, float *out, long j0, long j1);
 
 static void super_job(const void *args, long j0, long j1)
 {
     const super_args *p = args;
+    super_kernel fn = p->bits == 8 ? super8_w4 : super_w4;
 #if X86
     int copy = mlxr_quant_width();
-    if (copy == 16) {
-        super_w16(p->q, p->h, p->codes, p->factors, p->x, p->out, j0, j1);
-        return;
-    }
-    if (copy == 8) {
-        super_w8(p->q, p->h, p->codes, p->factors, p->x, p->out, j0, j1);
-        return;
-    }
+    if (copy == 16)
+        fn = p->bits == 8 ? super8_w16 : super_w16;
+    else if (copy == 8)
+        fn = p->bits == 8 ? super8_w8 : super_w8;
 #endif
-    super_w4(p->q, p->h, p->codes, p->factors, p->x, p->out, j0, j1);
+    fn(p->q, p->h, p->codes, p->factors, p->x, p->out, j0, j1);
 }
 
-int mlxr_quant_super_parts(const uint8_t *q, long h, const uint8_t *codes, const float *factors,
-                           const float *x, float *out, long v, long j0, long j1, int parts)
+int mlxr_quant_super_parts(const uint8_t *q, int bits, long h, const uint8_t *codes,
+                           const float *factors, const float *x, float *out, long v, long j0,
+                           long j1, int parts)
 {
-    if (h < 32 * SUPER_GROUPS || h % (32 * SUPER_GROUPS) || j0 < 0 || j1 > v || j0 > j1)
+    if ((bits != 4 && bits != 8) || h < 32 * SUPER_GROUPS || h % (32 * SUPER_GROUPS) ||
+        j0 < 0 || j1 > v || j0 > j1)
         return -1;
-    super_args args = {q, codes, factors, x, out, h};
+    super_args args = {q, codes, factors, x, out, h, bits};
     rows_in_parts(super_job, &args, j0, j1, parts);
     return 0;
 }

@@ -11,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as T
 from mlx_lm.utils import load
 
 from mlxr.runner.architectures import fix_model
@@ -23,7 +24,7 @@ from mlxr.supervisor.store.random_model import write_random_model
 from tests.mlx.test_heads import probed_blas
 from tests.mlx.test_host_attention import mlx_lm_greedy
 from tests.mlx.test_host_body import arch_models  # noqa: F401 (a fixture)
-from tests.mlx.test_quant_kernel import q4_k_layer
+from tests.mlx.test_quant_kernel import gguf_layer
 from tests.mlx.test_row_kernel import five_greedy_rows
 
 
@@ -115,16 +116,18 @@ def test_quantized_layers_equal_the_numpy_rows_step(tmp_path, bits, group):
     assert_same(*both_ways(body, 9, [16, 5]))
 
 
-def test_a_q4_k_imports_super_block_layers_equal_the_numpy_rows_step(tmp_path):
+def test_a_q4_k_m_imports_super_block_layers_equal_the_numpy_rows_step(tmp_path):
     model, _, config = load(str(write_random_model(tmp_path, arch="qwen2")), return_config=True)
     fix_model(model, config)
     rows.install(model)
     nn.quantize(model, group_size=32, bits=4)
-    for _, layer in model.named_modules():  # each weight as a GGUF Q4_K import holds it
-        if isinstance(layer, nn.QuantizedLinear):
-            q4_k, _ = q4_k_layer(*layer.weight.shape[:1], layer.weight.shape[1] * 8,
-                                 seed=layer.weight.shape[0])
-            layer.weight, layer.scales, layer.biases = q4_k.weight, q4_k.scales, q4_k.biases
+    linears = [layer for _, layer in model.named_modules() if isinstance(layer, nn.QuantizedLinear)]
+    for i, layer in enumerate(linears):  # as a GGUF Q4_K_M import holds them: Q4_K and Q6_K
+        width, depth = layer.weight.shape[0], layer.weight.shape[1] * 32 // layer.bits
+        gguf, _ = gguf_layer(width, depth, seed=i, qtype=(T.Q4_K, T.Q6_K)[i % 2])
+        layer.weight, layer.scales, layer.biases = gguf.weight, gguf.scales, gguf.biases
+        layer.bits = gguf.bits
+    assert {layer.bits for layer in linears} == {4, 8}
     mx.eval(model.parameters())
     body = HostBody.find(model, probed_blas())
     assert body is not None and body.decode_row is not None

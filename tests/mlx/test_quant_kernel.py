@@ -1,8 +1,8 @@
 """The quantized kernel (runner/quant_kernel.py, shared/assets/quant_kernel.c): its products
 against the dequantized weight's for every bit count, group size, row count and vector width
-this CPU runs, and for the plain C build; a Q4_K import's scales found as super-blocks where
-exact, and its products from them equal to those from float32 scales; its dequantization and embedding rows equal to
-MLX's; which layers it takes; and decoding a quantized model through it (body, head, prefill,
+this CPU runs, and for the plain C build; a Q4_K, Q5_K (held in 8 bits) or Q6_K import's
+scales found as super-blocks where exact, and its products from them equal to those from
+float32 scales; its dequantization and embedding rows equal to MLX's; which layers it takes; and decoding a quantized model through it (body, head, prefill,
 prompts arriving together read in one pass) giving mlx-lm's greedy tokens for that model."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from mlxr.runner.decode_row import DecodeRow
 from mlxr.runner.model_step import ModelStep
 from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel, takes
 from mlxr.shared import native
-from mlxr.supervisor.store.gguf.quants import quantize_q4_k, to_mlx
+from mlxr.runner.repack import repack
+from mlxr.supervisor.store.gguf.quants import quantize_q4_k, quantize_q6_k, random_blocks, to_mlx
 from tests.mlx.test_heads import probed_blas
 from tests.mlx.test_host_attention import mlx_lm_greedy
 from tests.mlx.test_row_kernel import five_greedy_rows
@@ -96,33 +97,43 @@ def test_the_plain_c_build_gives_the_same_products(tmp_path):
     assert plain.width == 4 and plain.use_width(16) == 4
     for bits, group in ((8, 64), (4, 32)):
         products_match(plain, *quantized(300, 256, bits, group))
-    weight = QuantizedWeight.of(q4_k_layer(40, 512)[0])
-    x = np.random.default_rng(4).standard_normal((1, 512)).astype(np.float32)
-    outs = [np.empty((1, 40), np.float32) for _ in range(2)]
-    for w, out in zip((weight, plain.with_supers(weight)), outs):
-        plain.product(w, x, out)
-    assert np.array_equal(*outs)
+    for qtype in (T.Q4_K, T.Q6_K):
+        weight = QuantizedWeight.of(gguf_layer(40, 512, qtype=qtype)[0])
+        x = np.random.default_rng(4).standard_normal((1, 512)).astype(np.float32)
+        outs = [np.empty((1, 40), np.float32) for _ in range(2)]
+        for w, out in zip((weight, plain.with_supers(weight)), outs):
+            plain.product(w, x, out)
+        assert np.array_equal(*outs)
 
 
-def q4_k_layer(width: int, depth: int, seed: int = 0) -> tuple[nn.QuantizedLinear, np.ndarray]:
-    """A layer as a GGUF Q4_K import has it (supervisor/store/gguf/quants.py), and its
-    dequantized weight."""
-    x = np.random.default_rng(seed).standard_normal((width, depth)).astype(np.float32)
-    tensor = to_mlx(T.Q4_K, quantize_q4_k(x), (width, depth))
-    layer = nn.QuantizedLinear(depth, width, bias=False, group_size=32, bits=4)
+def gguf_layer(width: int, depth: int, seed: int = 0,
+               qtype: T = T.Q4_K) -> tuple[nn.QuantizedLinear, np.ndarray]:
+    """A layer as a GGUF Q4_K or Q6_K import has it (supervisor/store/gguf/quants.py), or a
+    Q5_K import once held in 8 bits (runner/repack.py); and its dequantized weight."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((width, depth)).astype(np.float32)
+    blocks = {T.Q4_K: lambda: quantize_q4_k(x), T.Q6_K: lambda: quantize_q6_k(x),
+              T.Q5_K: lambda: random_blocks(T.Q5_K, width, depth, rng)}[qtype]()
+    tensor = to_mlx(qtype, blocks, (width, depth))
+    layer = nn.QuantizedLinear(depth, width, bias=False, group_size=32, bits=tensor.bits)
     layer.weight, layer.scales, layer.biases = (mx.array(a) for a in (
         tensor.weight, tensor.scales, tensor.biases))
-    dense = mx.dequantize(layer.weight, layer.scales, layer.biases, 32, 4)
+    if tensor.bits == 5:
+        repack(layer, QuantKernel.load())
+    dense = mx.dequantize(layer.weight, layer.scales, layer.biases, 32, layer.bits)
     return layer, np.array(dense)
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K])
 @pytest.mark.parametrize("want", [16, 8, 4], ids=["avx512-or-less", "avx2-or-less", "plain"])
-def test_a_q4_k_imports_scales_as_super_blocks_give_the_same_products(kernel, want):
+def test_a_k_quant_imports_scales_as_super_blocks_give_the_same_products(kernel, want, qtype):
     kernel.use_width(want)
-    layer, dense = q4_k_layer(300, 512)
+    layer, dense = gguf_layer(300, 512, qtype=qtype)
+    assert layer.bits == (4 if qtype == T.Q4_K else 8)
     weight = QuantizedWeight.of(layer)
     supers = kernel.with_supers(weight).supers
-    assert supers is not None and supers.codes.max() == 63  # llama.cpp's scale: top code 63
+    # llama.cpp's scale and our Q6_K import: top code 63 (the random Q5_K blocks: any)
+    assert supers is not None and (qtype == T.Q5_K or supers.codes.max() == 63)
     assert supers.codes.shape == (300, 2 * 16) and supers.factors.shape == (300, 2 * 2)
     groups = supers.codes[:, :16].reshape(300, 2, 8) * supers.factors[:, :2, None]
     assert np.array_equal(groups.reshape(300, 16), weight.scales)  # exact, as the kernel rebuilds
@@ -137,7 +148,7 @@ def test_a_q4_k_imports_scales_as_super_blocks_give_the_same_products(kernel, wa
 
 
 def test_super_blocks_are_found_only_where_they_are_exact(kernel):
-    layer, _ = q4_k_layer(16, 256)
+    layer, _ = gguf_layer(16, 256)
     weight = QuantizedWeight.of(layer)
     # An importance-weighted quantizer's top code may be under 63: still found.
     codes = np.random.default_rng(3).integers(0, 41, weight.scales.shape).astype(np.float32)
@@ -162,10 +173,11 @@ def test_super_blocks_are_found_only_where_they_are_exact(kernel):
         bad[row, 3] = np.nextafter(bad[row, 3], np.float32(np.inf))
         off = QuantizedWeight(weight.q, bad, weight.biases, 4, 32, weight.keep)
         assert kernel.with_supers(off).supers is None
-    # Other layouts: 8 bits, groups of 64, fewer than 8 groups a row.
+    # Other layouts: MLX's own 8 bits (no such scales), groups of 64, fewer than 8 groups a
+    # row.
     assert kernel.with_supers(QuantizedWeight.of(quantized(16, 256, 8, 32)[0])).supers is None
     assert kernel.with_supers(QuantizedWeight.of(quantized(16, 256, 4, 64)[0])).supers is None
-    short = QuantizedWeight.of(q4_k_layer(16, 256)[0])
+    short = QuantizedWeight.of(gguf_layer(16, 256)[0])
     cut = QuantizedWeight(short.q[:, :64], short.scales[:, :4], short.biases[:, :4], 4, 32,
                           short.keep)
     assert kernel.with_supers(cut).supers is None

@@ -36,7 +36,7 @@ from mlxr.shared.model_checks import check_config
 from .header import GgufFile, TensorInfo, read_gguf
 
 # Bump when the output of a conversion changes: older derived directories are then redone.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 SHARD_BYTES = 2 << 30
 GROUP_SIZE = 32
 _FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16

@@ -15,7 +15,13 @@ Invariants:
   q + offset with bias = -offset * scale, also exact; where GGUF adds a minimum (Q4_1, Q5_1,
   Q4_K, Q5_K) the one rounded operation is that addition, the same in both. (MXFP4 exponent
   bytes from 252 up, scales past 2^123 that no real weight has, overflow in MLX's form.)
-- Every other type gguf can dequantize (Q2_K, Q3_K, Q6_K, the IQ and TQ types, NVFP4: their
+- Q6_K (sub-blocks of 16 with their own scales: no exact MLX form) becomes 8 bits in groups
+  of 32 with `exact=False`: each group's scale a code 0..63 times a factor per 256 values,
+  its bias -128 times its scale (`_q6_k`), so the runner's kernel reads its scales as the
+  byte codes a Q4_K weight's are (runner/quant_kernel.py `SuperScales`). On a 0.6B Q4_K_M
+  file's Q6_K tensors the values move by 5.3e-3 of their RMS (mx.quantize's 8 bits: 4.7e-3),
+  beside the 1.9e-2 that Q6_K itself moved them from the source weights.
+- Every other type gguf can dequantize (Q2_K, Q3_K, the IQ and TQ types, NVFP4: their
   sub-blocks of 16 or non-linear grids have no exact MLX form) is dequantized with gguf and
   requantized with mx.quantize at `requantized_bits(type)`, with `exact=False`.
 - Anything else (an unknown type number, Q8_K, integer types) raises UnsupportedTensorType.
@@ -85,6 +91,8 @@ def to_mlx(ggml_type: int, data: np.ndarray, shape: tuple[int, ...], name: str =
         return MlxTensor(weight=_dequantize_gguf(qtype, blocks, shape))
     if qtype.name in EXACT:
         return _exact(qtype, blocks, shape)
+    if qtype.name == "Q6_K":
+        return _q6_k(blocks, shape)
     return _requantize(qtype, blocks, shape)
 
 
@@ -168,6 +176,33 @@ def _requantize(qtype: GGMLQuantizationType, blocks: np.ndarray,
     weight, scales, biases = mx.quantize(values, group_size=GROUP_SIZE, bits=bits)
     return MlxTensor(weight=np.array(weight), scales=np.array(scales), biases=np.array(biases),
                      bits=bits, group_size=GROUP_SIZE, exact=False)
+
+
+def _q6_k(blocks: np.ndarray, shape: tuple[int, ...]) -> MlxTensor:
+    """Q6_K's values in 8 bits, groups of 32: group g of a super-block gets the smallest scale
+    s = factor * code (code 0..63) with every value v / s in [-128, 127]; q = round(v / s) +
+    128 and bias -128 * s. The factor is the super-block's largest needed scale over 63,
+    rounded up to 11 significant bits, so factor * code is exact in float32 and that group's
+    code is 63: the factor and codes come back exactly at load (`mlxr_quant_factored`)."""
+    values = _dequantize_gguf(GGMLQuantizationType.Q6_K, blocks, (len(blocks), -1))
+    groups = values.reshape(len(values), -1, QK_K // GROUP_SIZE, GROUP_SIZE)
+    need = np.maximum(groups.max(axis=-1) / 127, -groups.min(axis=-1) / 128)
+    factor = _round_up_11_bits(need.max(axis=-1) / 63)
+    codes = np.clip(np.ceil(_divide(need, factor[..., None])), 0, 63)
+    scales = (factor[..., None] * codes).astype(np.float32)  # exact: 11 bits times 6
+    q = np.clip(np.rint(_divide(groups, scales[..., None])) + 128, 0, 255).astype(np.uint8)
+    lead = shape[:-1]
+    return MlxTensor(weight=pack(q.reshape(len(q), -1), 8).reshape(*lead, -1),
+                     scales=scales.reshape(*lead, -1), biases=(-128 * scales).reshape(*lead, -1),
+                     bits=8, group_size=GROUP_SIZE, exact=False)
+
+
+def _round_up_11_bits(x: np.ndarray) -> np.ndarray:
+    """Non-negative finite float32 -> the least float32 >= each with at most 11 significant
+    bits (a float16's precision, without its range)."""
+    words = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    low = np.uint32((1 << 13) - 1)  # the 13 low bits of a float32's 23-bit fraction
+    return ((words + low) & ~low).view(np.float32)
 
 
 # --- the exact mappings: blocks (rows, n, bytes) -> q uint8 (rows, cols), scales, biases ------

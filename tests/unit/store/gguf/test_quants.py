@@ -166,6 +166,36 @@ def test_q6_k_writer_round_trips_much_closer():
     assert relative_rms(gguf_quants.dequantize(data, T.Q6_K), x) < 0.025
 
 
+@pytest.mark.parametrize("source", ["writer", "random"])
+def test_q6_k_becomes_8_bits_whose_scales_are_codes_times_a_factor_per_super_block(source):
+    rng = np.random.default_rng(8)
+    if source == "writer":
+        data = quantize_q6_k(rng.standard_normal((ROWS, COLS)).astype(np.float32))
+        data[2] = quantize_q6_k(np.zeros((1, COLS), np.float32))  # an all-zero row
+    else:  # scales of either sign and any size
+        data = random_blocks(T.Q6_K, ROWS, COLS, rng)
+    tensor = to_mlx(T.Q6_K, data, (ROWS, COLS))
+    assert tensor.bits == 8 and tensor.group_size == 32 and not tensor.exact
+    assert tensor.scales.dtype == np.float32 and (tensor.scales >= 0).all()
+    assert np.array_equal(tensor.biases, -128 * tensor.scales)
+    # Per 256 values: a factor of at most 11 significant bits times codes 0..63, the
+    # largest 63: what the runner's kernel finds again exactly.
+    supers = tensor.scales.reshape(ROWS, -1, 8)
+    factor = supers.max(axis=-1, keepdims=True) / 63
+    nonzero = factor[..., 0] > 0
+    assert nonzero.sum() == ROWS * COLS // 256 - (2 if source == "writer" else 0)
+    codes = np.divide(supers, factor, out=np.zeros_like(supers), where=factor > 0)
+    assert np.array_equal(codes, np.rint(codes)) and codes.max() == 63
+    assert np.array_equal(factor * codes, supers)
+    assert not (factor.view(np.uint32) & np.uint32((1 << 13) - 1)).any()
+    # Every value within half its group's step of gguf's, none clipped.
+    ours, theirs = dequantize(tensor), gguf_quants.dequantize(data, T.Q6_K)
+    half_step = np.repeat(tensor.scales, 32, axis=-1) / 2
+    assert (np.abs(ours - theirs) <= half_step * (1 + 1e-6) + 1e-30).all()
+    if source == "writer":
+        assert not ours[2].any()
+
+
 def test_writers_keep_zero_rows_zero():
     x = np.zeros((2, 256), np.float32)
     assert not gguf_quants.dequantize(quantize_q4_k(x), T.Q4_K).any()
