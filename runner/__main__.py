@@ -172,6 +172,22 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if made_token_file:
             shutil.rmtree(token_path.parent, ignore_errors=True)
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """End a runner that stopped in order without the interpreter's teardown. A runner that
+    had run MLX's quantized products died in it in 4 of 6 stops by SIGTERM on the 2-core
+    EPYC ("terminate called without an active exception": a joinable C++ thread destroyed by
+    a static destructor, SIGABRT, exit status -6; a core dump where the system keeps them);
+    nothing the runner owns needs that teardown once its server is closed."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 def follow(config: RunnerConfig) -> None:
@@ -191,6 +207,7 @@ def follow(config: RunnerConfig) -> None:
           flush=True)
     threading.Thread(target=_report_memory, daemon=True).start()
     Follower(group, loaded.model_step, config).serve()
+    _exit_now()
 
 
 def _report_memory(every_s: float = 2.0) -> None:
