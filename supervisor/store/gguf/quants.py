@@ -184,17 +184,29 @@ def _q6_k(blocks: np.ndarray, shape: tuple[int, ...]) -> MlxTensor:
     128 and bias -128 * s. The factor is the super-block's largest needed scale over 63,
     rounded up to 11 significant bits, so factor * code is exact in float32 and that group's
     code is 63: the factor and codes come back exactly at load (`mlxr_quant_factored`)."""
-    values = _dequantize_gguf(GGMLQuantizationType.Q6_K, blocks, (len(blocks), -1))
-    groups = values.reshape(len(values), -1, QK_K // GROUP_SIZE, GROUP_SIZE)
-    need = np.maximum(groups.max(axis=-1) / 127, -groups.min(axis=-1) / 128)
-    factor = _round_up_11_bits(need.max(axis=-1) / 63)
-    codes = np.clip(np.ceil(_divide(need, factor[..., None])), 0, 63)
-    scales = (factor[..., None] * codes).astype(np.float32)  # exact: 11 bits times 6
-    q = np.clip(np.rint(_divide(groups, scales[..., None])) + 128, 0, 255).astype(np.uint8)
+    rows = len(blocks)
+    q = np.empty((rows, blocks.shape[1] * QK_K), np.uint8)
+    scales = np.empty((rows, blocks.shape[1] * QK_K // GROUP_SIZE), np.float32)
+    for start in range(0, rows, _Q6_K_ROWS):  # a slice at a time: 3x faster than whole
+        part = slice(start, start + _Q6_K_ROWS)
+        values = _dequantize_gguf(GGMLQuantizationType.Q6_K, blocks[part], (-1, q.shape[1]))
+        groups = values.reshape(len(values), -1, QK_K // GROUP_SIZE, GROUP_SIZE)
+        need = np.maximum(groups.max(axis=-1) / 127, groups.min(axis=-1) / -128)
+        factor = _round_up_11_bits(need.max(axis=-1) / 63)
+        codes = np.clip(np.ceil(_divide(need, factor[..., None])), 0, 63)
+        group_scales = (factor[..., None] * codes).astype(np.float32)  # exact: 11 bits times 6
+        divisor = np.where(group_scales > 0, group_scales, np.float32(1))  # all-zero: q 128
+        values = np.rint(groups / divisor[..., None], out=groups)
+        np.clip(values + 128, 0, 255, out=values)
+        q[part] = values.reshape(len(values), -1)
+        scales[part] = group_scales.reshape(len(values), -1)
     lead = shape[:-1]
-    return MlxTensor(weight=pack(q.reshape(len(q), -1), 8).reshape(*lead, -1),
+    return MlxTensor(weight=pack(q, 8).reshape(*lead, -1),
                      scales=scales.reshape(*lead, -1), biases=(-128 * scales).reshape(*lead, -1),
                      bits=8, group_size=GROUP_SIZE, exact=False)
+
+
+_Q6_K_ROWS = 1024  # rows of a Q6_K tensor requantized at a time
 
 
 def _round_up_11_bits(x: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 
 from mlxr.shared.errors import InvalidRequest
+from mlxr.supervisor.store.gguf import quants
 from mlxr.supervisor.store.gguf.quants import (
     EXACT, MlxTensor, UnsupportedTensorType, describe_type, dequantize, pack, quantize_q4_k,
     quantize_q6_k, random_blocks, requantized_bits, to_mlx, unpack)
@@ -194,6 +195,16 @@ def test_q6_k_becomes_8_bits_whose_scales_are_codes_times_a_factor_per_super_blo
     assert (np.abs(ours - theirs) <= half_step * (1 + 1e-6) + 1e-30).all()
     if source == "writer":
         assert not ours[2].any()
+
+
+def test_q6_k_is_requantized_a_slice_of_rows_at_a_time_with_the_same_result(monkeypatch):
+    data = random_blocks(T.Q6_K, ROWS, COLS, np.random.default_rng(9))
+    whole = to_mlx(T.Q6_K, data, (ROWS, COLS))
+    monkeypatch.setattr(quants, "_Q6_K_ROWS", 3)  # slices of 3, 3 and 2 rows
+    sliced = to_mlx(T.Q6_K, data, (ROWS, COLS))
+    for a, b in ((whole.weight, sliced.weight), (whole.scales, sliced.scales),
+                 (whole.biases, sliced.biases)):
+        assert np.array_equal(a, b)
 
 
 def test_writers_keep_zero_rows_zero():
