@@ -258,10 +258,10 @@ class QuantKernel:
             self._pass(weight, block, out[start:start + block.shape[0]])
 
     def with_supers(self, weight: QuantizedWeight) -> QuantizedWeight:
-        """`weight` with its scales and biases as super-blocks where each one is a float32
-        factor per super-block times a code in 0..63, exactly (a GGUF Q4_K, Q5_K or Q6_K
-        import's are),
-        else `weight` (C `mlxr_quant_factored`, split across the cores)."""
+        """`weight` (4 or 8 bits) with its scales and biases as super-blocks where each one
+        is a float32 factor per super-block times a code in 0..63, exactly (a GGUF Q4_K,
+        Q5_K or Q6_K import's are), else `weight` (C `mlxr_quant_factored`, split across the
+        cores)."""
         if weight.group != 32 or weight.supers is not None or \
                 weight.scales.shape[1] % SUPER_GROUPS:
             return weight
