@@ -110,3 +110,10 @@ def test_q4_k_m_keeps_llama_cpps_q6_k_tensors(arch, sources, tmp_path):
     assert {name for name, kind in types.items() if kind == T.Q6_K} == wide
     assert {kind for name, kind in types.items() if name not in wide} == {T.Q4_K, T.F32}
     assert gguf.kv["general.file_type"] == 15  # MOSTLY_Q4_K_M
+
+
+def test_a_q6_k_file_holds_every_matrix_in_q6_k(sources, tmp_path):
+    path = write_gguf(sources("qwen2"), tmp_path / "m.gguf", "Q6_K")
+    gguf = read_gguf(path)
+    assert {T(t.ggml_type) for t in gguf.tensors if len(t.shape) > 1} == {T.Q6_K}
+    assert gguf.kv["general.file_type"] == 18  # MOSTLY_Q6_K

@@ -7,7 +7,7 @@ Tensor types, by the file type asked for (as llama.cpp picks them): 1-D tensors 
 "Q4_K_M" stores as Q6_K what llama.cpp's quantizer does: the output projection (the token
 embedding where the head is tied to it), and attn_v and ffn_down in the layers `_more_bits`
 picks (the first and last eighth, every third between); every other matrix as Q4_K. "Q4_K"
-uses Q4_K throughout.
+uses Q4_K throughout, "Q6_K" Q6_K.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-FILE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q4_K_M")
+FILE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q4_K_M",
+              "Q6_K")
 
 
 def _load_float32(model_dir: Path) -> dict[str, np.ndarray]:
