@@ -33,7 +33,7 @@ from mlxr.runner.quant_kernel import QuantKernel, QuantizedWeight, parts_for
 # The C side's slots (attend_kernel.c): the model's header, a linear, a layer, a layer's context.
 M_HEADER = 16
 LIN_SLOTS = 10
-KIND_QUANT, KIND_FLOAT, KIND_SUPER = 1, 2, 3
+KIND_QUANT, KIND_FLOAT, KIND_SUPER, KIND_OFFSET = 1, 2, 3, 4
 Y_LINEARS = 9
 L_STRIDE = Y_LINEARS + 7 * LIN_SLOTS
 C_SLOTS = 7
@@ -161,6 +161,10 @@ def _linear_slots(linear, keep: list, sgemv, quant: QuantKernel | None) -> list[
         return [KIND_SUPER, _keep(keep, weight.q), _keep(keep, weight.supers.codes),
                 _keep(keep, weight.supers.factors), weight.bits, weight.group, rows, depth,
                 bias_at, parts_for(weight)]
+    if isinstance(weight, QuantizedWeight) and quant is not None and weight.offset is not None:
+        rows, depth = weight.shape  # biases -offset times the scales: not read
+        return [KIND_OFFSET, _keep(keep, weight.q), _keep(keep, weight.scales), weight.offset,
+                weight.bits, weight.group, rows, depth, bias_at, parts_for(weight)]
     if isinstance(weight, QuantizedWeight) and quant is not None:
         rows, depth = weight.shape
         return [KIND_QUANT, _keep(keep, weight.q), _keep(keep, weight.scales),

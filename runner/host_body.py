@@ -190,7 +190,7 @@ class _Products:
     def bind(self, linear: tuple) -> tuple | _Bound | _QuantBound:
         weight, bias = linear
         if isinstance(weight, QuantizedWeight):
-            weight = self._quant.with_supers(weight)  # a Q4_K import's: fewer bytes a step
+            weight = self._quant.compact(weight)  # a GGUF import's: fewer bytes a step
             return _QuantBound(weight, bias, self._quant.one_row(weight))
         if self.sgemv is None or not weight.flags.c_contiguous:
             return linear

@@ -152,7 +152,7 @@ class HostHead:
         if quantized is not None:  # MLX's quantized CPU product is 5-44x slower: no race
             quant = QuantKernel.load()
             head = None if quant is None else \
-                cls(quant.with_supers(quantized), None, quant)
+                cls(quant.compact(quantized), None, quant)
             return head if head is not None and all(
                 matches(head, mlx_head, rows, head.hidden, "quantized")
                 for rows in {1, 2, 13}) else None

@@ -302,7 +302,7 @@ void mlxr_attend_rows(const void *args, long a, long z)
 
 typedef int (*quant_fn)(const uint8_t *q, int bits, long h, int group, const float *scales,
                         const float *biases, const float *x, int lanes, float *out, long v,
-                        int b, long j0, long j1, int parts);
+                        int b, long j0, long j1, int parts, float zmul);
 typedef int (*super_fn)(const uint8_t *q, int bits, long h, const uint8_t *codes,
                         const float *factors, const float *x, float *out, long v, long j0,
                         long j1, int parts);
@@ -320,8 +320,9 @@ enum { /* a linear layer */
     LIN_PARTS, LIN_SLOTS
 };
 /* KIND_SUPER: a 4- or 8-bit weight whose scales and biases come as super-blocks, LIN_SCALES its
- * codes and LIN_BIASES its factors (`mlxr_quant_super_parts`) */
-enum { KIND_QUANT = 1, KIND_FLOAT = 2, KIND_SUPER = 3 };
+ * codes and LIN_BIASES its factors (`mlxr_quant_super_parts`). KIND_OFFSET: one whose biases
+ * are -LIN_BIASES times its scales (`mlxr_quant_rows_parts`' zmul), read from the scales. */
+enum { KIND_QUANT = 1, KIND_FLOAT = 2, KIND_SUPER = 3, KIND_OFFSET = 4 };
 enum { /* a layer: its norms and scale, then its seven linears */
     Y_ATTN_NORM, Y_ATTN_EPS, Y_MLP_NORM, Y_MLP_EPS, Y_Q_NORM, Y_Q_EPS, Y_K_NORM, Y_K_EPS,
     Y_SCALE, Y_LINEARS
@@ -423,13 +424,15 @@ INLINE int linear(const int64_t *model, const int64_t *l, const float *x, const 
                   float *out)
 {
     long rows = l[LIN_OUT], depth = l[LIN_IN];
-    if (l[LIN_KIND] == KIND_QUANT) {
-        int bits = (int)l[LIN_BITS];
+    if (l[LIN_KIND] == KIND_QUANT || l[LIN_KIND] == KIND_OFFSET) {
+        int bits = (int)l[LIN_BITS], offset = l[LIN_KIND] == KIND_OFFSET;
+        const float *scales = PTR(const float *, l[LIN_SCALES]);
         if (PTR(quant_fn, model[M_QUANT])(PTR(const uint8_t *, l[LIN_W]), bits, depth,
-                                          (int)l[LIN_GROUP], PTR(const float *, l[LIN_SCALES]),
-                                          PTR(const float *, l[LIN_BIASES]),
+                                          (int)l[LIN_GROUP], scales,
+                                          offset ? scales : PTR(const float *, l[LIN_BIASES]),
                                           bits == 4 ? ordered : x, 1, out, rows, 1, 0, rows,
-                                          (int)l[LIN_PARTS]) != 0)
+                                          (int)l[LIN_PARTS],
+                                          offset ? -(float)l[LIN_BIASES] : 1.0f) != 0)
             return -1;
     } else if (l[LIN_KIND] == KIND_SUPER) {
         int bits = (int)l[LIN_BITS];

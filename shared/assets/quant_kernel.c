@@ -138,7 +138,7 @@
  * what OpenBLAS's float32 product of the dequantized weight makes (2-5e-7). */
 #define QSEQ(NAME, ATTR, W, BITS, BYTES, G)                                                   \
     static ATTR void NAME(const uint8_t *q, long h, const float *sc, const float *bi,        \
-                          const float *x, float *out, long j0, long j1)                       \
+                          const float *x, float *out, long j0, long j1, float zmul)           \
     {                                                                                         \
         SEQ_SUMS(W, BITS, G)                                                                  \
         for (long j = j0; j < j1; j++) {                                                      \
@@ -156,6 +156,7 @@
                           const float *factors, const float *x, float *out, long j0, long j1) \
     {                                                                                         \
         enum { G = 32 };                                                                      \
+        const float zmul = 1.0f;                                                              \
         SEQ_SUMS(W, 8, G)                                                                     \
         const long supers = groups / SUPER_GROUPS;                                            \
         float s[groups], z[groups];                                                           \
@@ -224,10 +225,10 @@
             vf zv, xv;                                                                        \
             LOAD(zv, z + g_);                                                                 \
             LOAD(xv, xs + g_);                                                                \
-            total += zv * xv;                                                                 \
+            total += (zv * zmul) * xv;                                                        \
         }                                                                                     \
         for (; g_ < groups; g_++)                                                             \
-            sum += z[g_] * xs[g_];                                                            \
+            sum += (z[g_] * zmul) * xs[g_];                                                   \
         out[j] = sum + HSUM_##W(total);                                                       \
     } while (0)
 
@@ -288,7 +289,7 @@
  * biases are QSEQ's: one dot product a row with the groups' sums of x. */
 #define QROW4(NAME, ATTR, W, G)                                                               \
     static ATTR void NAME(const uint8_t *q, long h, const float *sc, const float *bi,         \
-                          const float *x, float *out, long j0, long j1)                       \
+                          const float *x, float *out, long j0, long j1, float zmul)           \
     {                                                                                         \
         ROW4_SUMS(W, G)                                                                       \
         for (long j = j0; j < j1; j++) {                                                      \
@@ -305,6 +306,7 @@
                           const float *factors, const float *x, float *out, long j0, long j1) \
     {                                                                                         \
         enum { G = 32 };                                                                      \
+        const float zmul = 1.0f;                                                              \
         ROW4_SUMS(W, G)                                                                       \
         const long supers = groups / SUPER_GROUPS;                                            \
         float s[groups], z[groups];                                                           \
@@ -374,11 +376,11 @@
     QROW4_SUPER(super_##SUFFIX, ATTR, W)                                                      \
     static ATTR void row4_##SUFFIX(const uint8_t *q, long h, int group, const float *sc,      \
                                    const float *bi, const float *x, float *out, long j0,      \
-                                   long j1)                                                   \
+                                   long j1, float zmul)                                       \
     {                                                                                         \
         (group == 32 ? row4_##SUFFIX##_g32 : group == 64 ? row4_##SUFFIX##_g64                \
                                                          : row4_##SUFFIX##_g128)(             \
-            q, h, sc, bi, x, out, j0, j1);                                                    \
+            q, h, sc, bi, x, out, j0, j1, zmul);                                              \
     }
 
 /* A tile of T weight rows for L (8 or 16) input rows, the shape of row_kernel.c: each
@@ -451,12 +453,12 @@
     QTILE(t16x1_##SUFFIX, ATTR, W, 16, 1, BITS, BYTES, G)                                     \
     static ATTR void range_##SUFFIX(const uint8_t *q, long h, const float *sc,                \
                                     const float *bi, const float *x, int lanes, float *out,   \
-                                    long v, int b, long j0, long j1)                          \
+                                    long v, int b, long j0, long j1, float zmul)              \
     {                                                                                         \
         long groups = h / G, j = j0;                                                          \
         switch (lanes) {                                                                      \
         case 1:                                                                               \
-            k1_##SUFFIX(q, h, sc, bi, x, out, j0, j1);                                        \
+            k1_##SUFFIX(q, h, sc, bi, x, out, j0, j1, zmul);                                  \
             break;                                                                            \
         CASE(k, 2, 2, SUFFIX)                                                                 \
         CASE(k, 4, 2, SUFFIX)                                                                 \
@@ -484,11 +486,11 @@
     KERNELS(SUFFIX##_g128, ATTR, W, BITS, BYTES, 128)                                         \
     static ATTR void range_##SUFFIX(const uint8_t *q, long h, int group, const float *sc,     \
                                     const float *bi, const float *x, int lanes, float *out,   \
-                                    long v, int b, long j0, long j1)                          \
+                                    long v, int b, long j0, long j1, float zmul)              \
     {                                                                                         \
         (group == 32 ? range_##SUFFIX##_g32 : group == 64 ? range_##SUFFIX##_g64              \
                                                           : range_##SUFFIX##_g128)(           \
-            q, h, sc, bi, x, lanes, out, v, b, j0, j1);                                       \
+            q, h, sc, bi, x, lanes, out, v, b, j0, j1, zmul);                                 \
     }
 
 /* A 4-bit load's lanes u as floats: lo, their low halves, and hi, their high ones. */
@@ -597,46 +599,50 @@ int mlxr_quant_width(void)
 /* out[c * v + j] for rows c < b and weight rows j0 <= j < j1. q: (v, h * bits / 8) bytes;
  * scales, biases: (v, h / group) float32, group 32, 64 or 128. x: float32, for lanes 1, 2 or
  * 4 (lanes, h), for 8 or 16 (h, lanes); rows past b zero; for 4 bits the
- * positions in the even/odd block order above. Returns 0, or -1 for arguments it does not
- * take. */
-static int refused(int bits, long h, int group, int lanes, long v, int b, long j0, long j1)
+ * positions in the even/odd block order above. Each bias is read as biases[...] * zmul: 1,
+ * or for one row (lanes 1) of a weight whose biases are a multiple of its scales (a GGUF
+ * Q8_0, Q4_0 or Q5_0 import's: -128, -8, -16 times the scale), biases = scales and zmul that
+ * multiple, so the biases' bytes are not read (runner/quant_kernel.py `QuantizedWeight.offset`;
+ * exact: the product is the float32 bias). Returns 0, or -1 for arguments it does not take. */
+static int refused(int bits, long h, int group, int lanes, long v, int b, long j0, long j1,
+                   float zmul)
 {
     return (bits != 4 && bits != 8) || (group != 32 && group != 64 && group != 128) ||
            h < group || h % group || b < 1 || b > lanes || (lanes & (lanes - 1)) ||
-           lanes > 16 || j0 < 0 || j1 > v || j0 > j1;
+           lanes > 16 || j0 < 0 || j1 > v || j0 > j1 || (zmul != 1.0f && lanes != 1);
 }
 
 int mlxr_quant_rows(const uint8_t *q, int bits, long h, int group, const float *scales,
                     const float *biases, const float *x, int lanes, float *out, long v, int b,
-                    long j0, long j1)
+                    long j0, long j1, float zmul)
 {
-    if (refused(bits, h, group, lanes, v, b, j0, j1))
+    if (refused(bits, h, group, lanes, v, b, j0, j1, zmul))
         return -1;
 #if X86
     int copy = mlxr_quant_width();
     if (bits == 4 && lanes == 1 && h % ROW4_BLOCK == 0) {
         (copy == 16 ? row4_w16 : copy == 8 ? row4_w8 : row4_w4)(q, h, group, scales, biases, x,
-                                                               out, j0, j1);
+                                                               out, j0, j1, zmul);
         return 0;
     }
     if (copy == 16) {
         (bits == 8 ? range_w16b8 : range_w16b4)(q, h, group, scales, biases, x, lanes, out, v,
-                                                b, j0, j1);
+                                                b, j0, j1, zmul);
         return 0;
     }
     if (copy == 8) {
         (bits == 8 ? range_w8b8 : range_w8b4)(q, h, group, scales, biases, x, lanes, out, v, b,
-                                              j0, j1);
+                                              j0, j1, zmul);
         return 0;
     }
 #else
     if (bits == 4 && lanes == 1 && h % ROW4_BLOCK == 0) {
-        row4_w4(q, h, group, scales, biases, x, out, j0, j1);
+        row4_w4(q, h, group, scales, biases, x, out, j0, j1, zmul);
         return 0;
     }
 #endif
     (bits == 8 ? range_w4b8 : range_w4b4)(q, h, group, scales, biases, x, lanes, out, v, b, j0,
-                                          j1);
+                                          j1, zmul);
     return 0;
 }
 
@@ -801,13 +807,14 @@ typedef struct {
     float *out;
     long h, v;
     int bits, group, lanes, b;
+    float zmul;
 } rows_args;
 
 static void rows_job(const void *args, long j0, long j1)
 {
     const rows_args *p = args;
     mlxr_quant_rows(p->q, p->bits, p->h, p->group, p->scales, p->biases, p->x, p->lanes,
-                    p->out, p->v, p->b, j0, j1);
+                    p->out, p->v, p->b, j0, j1, p->zmul);
 }
 
 /* fn over [j0, j1) in up to `parts` ranges (multiples of 8 weight rows), all but the last on
@@ -833,11 +840,11 @@ static void rows_in_parts(job_fn fn, const void *args, long j0, long j1, int par
 /* `mlxr_quant_rows` over [j0, j1) in up to `parts` ranges (`rows_in_parts`). */
 int mlxr_quant_rows_parts(const uint8_t *q, int bits, long h, int group, const float *scales,
                           const float *biases, const float *x, int lanes, float *out, long v,
-                          int b, long j0, long j1, int parts)
+                          int b, long j0, long j1, int parts, float zmul)
 {
-    if (refused(bits, h, group, lanes, v, b, j0, j1))
+    if (refused(bits, h, group, lanes, v, b, j0, j1, zmul))
         return -1;
-    rows_args args = {q, scales, biases, x, out, h, v, bits, group, lanes, b};
+    rows_args args = {q, scales, biases, x, out, h, v, bits, group, lanes, b, zmul};
     rows_in_parts(rows_job, &args, j0, j1, parts);
     return 0;
 }

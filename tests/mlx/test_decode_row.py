@@ -116,15 +116,19 @@ def test_quantized_layers_equal_the_numpy_rows_step(tmp_path, bits, group):
     assert_same(*both_ways(body, 9, [16, 5]))
 
 
-def test_a_q4_k_m_imports_super_block_layers_equal_the_numpy_rows_step(tmp_path):
+@pytest.mark.parametrize("types, kind", [((T.Q4_K, T.Q6_K), decode_row.KIND_SUPER),
+                                         ((T.Q4_0, T.Q8_0), decode_row.KIND_OFFSET)],
+                         ids=["Q4_K_M", "Q4_0+Q8_0"])
+def test_gguf_imports_layers_read_in_fewer_bytes_equal_the_numpy_rows_step(tmp_path, types,
+                                                                            kind):
     model, _, config = load(str(write_random_model(tmp_path, arch="qwen2")), return_config=True)
     fix_model(model, config)
     rows.install(model)
     nn.quantize(model, group_size=32, bits=4)
     linears = [layer for _, layer in model.named_modules() if isinstance(layer, nn.QuantizedLinear)]
-    for i, layer in enumerate(linears):  # as a GGUF Q4_K_M import holds them: Q4_K and Q6_K
+    for i, layer in enumerate(linears):  # as a GGUF import holds them: 4 and 8 bits
         width, depth = layer.weight.shape[0], layer.weight.shape[1] * 32 // layer.bits
-        gguf, _ = gguf_layer(width, depth, seed=i, qtype=(T.Q4_K, T.Q6_K)[i % 2])
+        gguf, _ = gguf_layer(width, depth, seed=i, qtype=types[i % 2])
         layer.weight, layer.scales, layer.biases = gguf.weight, gguf.scales, gguf.biases
         layer.bits = gguf.bits
     assert {layer.bits for layer in linears} == {4, 8}
@@ -133,7 +137,7 @@ def test_a_q4_k_m_imports_super_block_layers_equal_the_numpy_rows_step(tmp_path)
     assert body is not None and body.decode_row is not None
     start = decode_row.M_HEADER + decode_row.Y_LINEARS  # the first layer's seven linears
     kinds = body.decode_row._model[start:start + 7 * decode_row.LIN_SLOTS:decode_row.LIN_SLOTS]
-    assert set(kinds) == {decode_row.KIND_SUPER}
+    assert set(kinds) == {kind}
     assert_same(*both_ways(body, 9, [16, 5]))
 
 

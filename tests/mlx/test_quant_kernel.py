@@ -7,6 +7,8 @@ prompts arriving together read in one pass) giving mlx-lm's greedy tokens for th
 
 from __future__ import annotations
 
+import dataclasses
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -29,6 +31,7 @@ from tests.mlx.test_heads import probed_blas
 from tests.mlx.test_host_attention import mlx_lm_greedy
 from tests.mlx.test_row_kernel import five_greedy_rows
 from gguf import GGMLQuantizationType as T
+from gguf import quants as gguf_quants
 
 ROWS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 40)  # every lane count; several passes
 
@@ -108,12 +111,14 @@ def test_the_plain_c_build_gives_the_same_products(tmp_path):
 
 def gguf_layer(width: int, depth: int, seed: int = 0,
                qtype: T = T.Q4_K) -> tuple[nn.QuantizedLinear, np.ndarray]:
-    """A layer as a GGUF Q4_K or Q6_K import has it (supervisor/store/gguf/quants.py), or a
-    Q5_K import once held in 8 bits (runner/repack.py); and its dequantized weight."""
+    """A layer as a GGUF Q4_K, Q6_K, Q8_0 or Q4_0 import has it
+    (supervisor/store/gguf/quants.py), or a Q5_K or Q5_0 import once held in 8 bits
+    (runner/repack.py); and its dequantized weight."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((width, depth)).astype(np.float32)
     blocks = {T.Q4_K: lambda: quantize_q4_k(x), T.Q6_K: lambda: quantize_q6_k(x),
-              T.Q5_K: lambda: random_blocks(T.Q5_K, width, depth, rng)}[qtype]()
+              T.Q5_K: lambda: random_blocks(T.Q5_K, width, depth, rng)}.get(
+                  qtype, lambda: gguf_quants.quantize(x, qtype))()
     tensor = to_mlx(qtype, blocks, (width, depth))
     layer = nn.QuantizedLinear(depth, width, bias=False, group_size=32, bits=tensor.bits)
     layer.weight, layer.scales, layer.biases = (mx.array(a) for a in (
@@ -145,6 +150,49 @@ def test_a_k_quant_imports_scales_as_super_blocks_give_the_same_products(kernel,
     assert np.abs(packed[0] - dense @ x[0]).max() <= 1e-5 * np.abs(dense @ x[0]).max()
     assert np.array_equal(kernel.one_row(kernel.with_supers(weight))(x[0]), plain[0])
     products_match(kernel, layer, dense, rows=(2, 5, 16))  # several rows: the float32 scales
+
+
+@pytest.mark.parametrize("qtype, offset, bits", [(T.Q8_0, 128, 8), (T.Q4_0, 8, 4),
+                                                  (T.Q5_0, 16, 8)])
+@pytest.mark.parametrize("want", [16, 8, 4], ids=["avx512-or-less", "avx2-or-less", "plain"])
+def test_biases_a_multiple_of_the_scales_are_not_read_and_give_the_same_products(
+        kernel, want, qtype, offset, bits):
+    kernel.use_width(want)
+    layer, dense = gguf_layer(300, 512, qtype=qtype)
+    weight = QuantizedWeight.of(layer)
+    compact = kernel.compact(weight)
+    assert layer.bits == bits and compact.supers is None and compact.offset == offset
+    x = np.random.default_rng(2).standard_normal((1, 512)).astype(np.float32)
+    plain, read = (np.empty((1, 300), np.float32) for _ in range(2))
+    kernel.product(weight, x, plain)
+    kernel.product(compact, x, read)
+    assert np.array_equal(plain, read)  # -offset * scale is the stored bias, bit for bit
+    assert np.array_equal(kernel.one_row(compact)(x[0]), plain[0])
+    assert np.abs(read[0] - dense @ x[0]).max() <= 1e-5 * np.abs(dense @ x[0]).max()
+    # several rows read the biases as stored, with the same figures as before
+    rows = np.random.default_rng(3).standard_normal((5, 512)).astype(np.float32)
+    many, many_plain = (np.empty((5, 300), np.float32) for _ in range(2))
+    kernel.product(compact, rows, many)
+    kernel.product(weight, rows, many_plain)
+    assert np.array_equal(many, many_plain)
+
+
+def test_an_offset_is_found_only_where_it_is_exact(kernel):
+    weight = QuantizedWeight.of(gguf_layer(16, 256, qtype=T.Q8_0)[0])
+    assert quant_kernel.with_offset(weight).offset == 128
+    off = weight.biases.copy()
+    off[3, 2] = np.nextafter(off[3, 2], np.float32(0))  # one bias off by its last bit
+    assert quant_kernel.with_offset(dataclasses.replace(weight, biases=off)).offset is None
+    mlx_weight = QuantizedWeight.of(quantized(16, 256, 8, 32)[0])  # MLX's own: min-max
+    assert kernel.compact(mlx_weight) is mlx_weight
+    q4_k = QuantizedWeight.of(gguf_layer(16, 256)[0])  # super-blocks first
+    assert kernel.compact(q4_k).supers is not None and kernel.compact(q4_k).offset is None
+    # the C side refuses a factor other than 1 for more than one row
+    x = np.zeros((2, 256), np.float32)
+    out = np.zeros((2, 16), np.float32)
+    assert kernel.rows_parts(weight.q.ctypes.data, 8, 256, 32, weight.scales.ctypes.data,
+                             weight.scales.ctypes.data, x.ctypes.data, 2, out.ctypes.data, 16,
+                             2, 0, 16, 1, -128.0) == -1
 
 
 def test_super_blocks_are_found_only_where_they_are_exact(kernel):
@@ -221,7 +269,7 @@ def test_it_refuses_what_it_does_not_take(kernel):
     weight = QuantizedWeight.of(quantized(16, 128, 8, 64)[0])
     x = np.zeros((4, 128), dtype=np.float32)
     out = np.zeros((4, 16), dtype=np.float32)
-    fn = kernel.rows_parts
+    fn = lambda *a: kernel.rows_parts(*a, 1.0)  # noqa: E731 (zmul 1: the biases as stored)
     args = (weight.q.ctypes.data, 8, 128, 64, weight.scales.ctypes.data,
             weight.biases.ctypes.data, x.ctypes.data)
     for parts in (1, 2):
