@@ -219,7 +219,7 @@ class QuantKernel:
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                        ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_long,
-                       ctypes.c_long, ctypes.c_int]
+                       ctypes.c_long, ctypes.c_int, ctypes.c_float]
         width.restype = use_width.restype = ctypes.c_int
         use_width.argtypes = [ctypes.c_int]
         dequantize.restype = ctypes.c_int
@@ -228,7 +228,6 @@ class QuantKernel:
                                ctypes.c_long, ctypes.c_long]
         parts.restype = None
         parts.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
-        fn.argtypes = fn.argtypes + [ctypes.c_float]  # zmul
         super_parts.restype = ctypes.c_int
         super_parts.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p,
                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
