@@ -1,5 +1,11 @@
 """`python -m mlxr.runner --model DIR --port P` (or `--config JSON`): serve one model.
 
+`python -m mlxr.runner --spare`: a spare runner. It imports what loading needs (MLX, mlx-lm,
+transformers: 1.5-2.5 s of a 4-6 s load on the 2-core EPYC), then waits for its settings as one
+JSON line on stdin (a RunnerConfig) and serves them; the supervisor keeps one ready, so a
+load does not wait for Python and its imports (supervisor/runners/spare.py). Its BLAS is the
+one preloaded in its environment: a spare never re-executes itself.
+
 Every request needs the runner's secret (docs/protocol.md): started by the supervisor, it is
 the first line on stdin; by hand, `--token-file FILE` (made if missing), else a fresh one is
 written to a new private file whose path the `listening` line on stderr gives."""
@@ -125,11 +131,51 @@ def _token(config: RunnerConfig) -> tuple[str, Path | None]:
     return new_token_file()
 
 
+def _import_for_load() -> None:
+    """Import what serving and runner/loader.py's `load_model` import, before any model is
+    named: MLX, mlx-lm, and transformers under it, whose import reads the headers of its
+    ~3,000 model files."""
+    import mlx.core  # noqa: F401
+    import mlx_lm.models.cache  # noqa: F401
+    import mlx_lm.utils  # noqa: F401
+    import transformers
+
+    import mlxr.runner.embed.embeddings  # noqa: F401
+    import mlxr.runner.host_body  # noqa: F401
+    import mlxr.runner.model_step  # noqa: F401
+    import mlxr.runner.probe_reference  # noqa: F401
+    import mlxr.runner.server  # noqa: F401
+    import mlxr.runner.weights  # noqa: F401
+
+    transformers.AutoTokenizer  # a lazy attribute: this imports its module
+
+
+def _wait_as_spare() -> RunnerConfig:
+    """A spare runner's settings: imported what loading needs, then read them from stdin.
+    The supervisor gone first (end of input): exit."""
+    _import_for_load()
+    line = sys.stdin.buffer.readline()
+    if not line.endswith(b"\n"):
+        os._exit(0)
+    try:
+        config = RunnerConfig.from_dict(json.loads(line))
+    except (ValueError, TypeError, AttributeError) as exc:
+        sys.exit(f"runner: a spare runner's settings must be one JSON object: {exc}")
+    preloaded = os.environ.get("LD_PRELOAD", "").split()
+    if sys.platform.startswith("linux") and config.blas not in ("off", *preloaded):
+        sys.exit(f"runner: a spare runner was started without the BLAS {config.blas}")
+    return config
+
+
 def main(argv: list[str] | None = None) -> None:
     parent = int(os.environ.pop(PARENT_ENV, "0")) or os.getppid()
-    config = parse_config(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
     _set_death_signal(parent)
-    _preload_blas(config, parent)
+    if argv == ["--spare"]:
+        config = _wait_as_spare()
+    else:
+        config = parse_config(argv)
+        _preload_blas(config, parent)
     heap.keep_freed()
     if config.follower:  # no HTTP, so no secret
         if config.watch_stdin:

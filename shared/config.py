@@ -173,6 +173,9 @@ class Settings:
     debug: bool = False
     # The module started as `python -m <runner_module>`; tests point it at a fake runner.
     runner_module: str = "mlxr.runner"
+    # Keep one runner process started, its imports done, for the next load to take
+    # (supervisor/runners/spare.py; about 2 s of each load); MLXR_SPARE_RUNNER=0: no spare.
+    spare_runner: bool = True
     # Serve the API on this Unix socket instead of host:port (MLXR_HOST=unix:///path).
     socket_path: Path | None = None
     # On SIGTERM/SIGINT, running requests get this long to finish before their streams end
@@ -287,6 +290,9 @@ def _env_values(env: Mapping[str, str]) -> dict[str, Any]:
             "", "0", "false", "off", "no")
     if env.get("MLXR_FLOAT32_WEIGHTS"):
         values["float32_weights"] = _parse_float32_weights(env["MLXR_FLOAT32_WEIGHTS"])
+    if env.get("MLXR_SPARE_RUNNER") is not None:
+        values["spare_runner"] = env["MLXR_SPARE_RUNNER"].strip().lower() not in (
+            "", "0", "false", "off", "no")
     if env.get("MLXR_ALLOW_IMAGE_URLS") is not None:
         values["allow_image_urls"] = env["MLXR_ALLOW_IMAGE_URLS"] not in ("", "0", "false")
     if env.get("MLXR_HOSTFILE"):

@@ -48,6 +48,7 @@ FILE_KEYS: dict[str, dict[str, tuple[str, str]]] = {
         "host_attention": ("host_attention", "bool"),
         "attention_buckets": ("attention_buckets", "bool"),
         "float32_weights": ("float32_weights", "float32_weights"),
+        "spare_runner": ("spare_runner", "bool"),
     },
     "limits": {
         "memory_margin": ("memory_margin_bytes", "size"),

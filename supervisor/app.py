@@ -37,8 +37,9 @@ from mlxr.supervisor.dashboard import routes as dashboard
 from mlxr.supervisor.dashboard.feed import Feed, TokenRates
 from mlxr.supervisor.inference.service import Service
 from mlxr.supervisor.metrics import Metrics
-from mlxr.supervisor.runners.client import BlasSelection, make_runner_factory
+from mlxr.supervisor.runners.client import BlasSelection, make_runner_factory, start_spare
 from mlxr.supervisor.runners.manager import SHUTTING_DOWN, Clock, RunnerManager
+from mlxr.supervisor.runners.spare import SpareRunner
 from mlxr.supervisor.store.store import Store
 from mlxr.supervisor.version import version
 
@@ -102,7 +103,9 @@ def make_app(settings: Settings, *, store: Any = None,
     if available_memory is not None:
         kwargs["available_memory"] = available_memory
     blas = BlasSelection(settings)
-    manager = RunnerManager(settings, runner_factory or make_runner_factory(settings, blas),
+    spares = SpareRunner(settings, start_spare)
+    manager = RunnerManager(settings,
+                            runner_factory or make_runner_factory(settings, blas, spares),
                             **kwargs)
     metrics.bind(manager)
     cors = Cors(settings.origins)
@@ -131,6 +134,7 @@ def make_app(settings: Settings, *, store: Any = None,
         background.append(asyncio.create_task(rates.run()))
         if runner_factory is None:
             blas.start()  # probe now, so the first load does not wait for it and the log says
+            background.append(asyncio.create_task(_first_spare(blas, spares)))
 
     async def on_shutdown(app: web.Application) -> None:
         # aiohttp has closed the listener and marked kept-alive connections to close.
@@ -148,12 +152,19 @@ def make_app(settings: Settings, *, store: Any = None,
         for task in background:
             task.cancel()
         await manager.close()
+        await spares.close()
 
     app.on_response_prepare.append(cors.on_prepare)
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app
+
+
+async def _first_spare(blas: BlasSelection, spares: SpareRunner) -> None:
+    """The spare runner for the first load, once the BLAS is chosen (a load that comes
+    first starts its own process, and the spare is made after it)."""
+    spares.replenish((await blas.choice()).path)
 
 
 def serve(settings: Settings, app: web.Application | None = None) -> None:

@@ -59,6 +59,9 @@ def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # No spare runner (supervisor/runners/spare.py) unless a test asks: tests count a
+    # server's child processes, and most start a server for one load or none.
+    env.setdefault("MLXR_SPARE_RUNNER", "0")
     return env
 
 

@@ -40,6 +40,7 @@ from mlxr.shared.protocol import Chunk, CompletionRequest, EmbedRequest, EmbedRe
 from mlxr.shared.runner_auth import auth_header, make_token
 from mlxr.supervisor.runners.group import (Follower, GroupMixin, Host, check_remote_memory,
                                            kill_all, ring_addresses, spawn_follower)
+from mlxr.supervisor.runners.spare import RUNNER_MODULE, Spare, SpareRunner
 
 log = logging.getLogger("mlxr.runner")
 
@@ -104,30 +105,31 @@ class RunnerClient:
     @classmethod
     async def spawn(cls, config: RunnerConfig, *, module: str = "mlxr.runner",
                     blas: str | None = None, env: dict[str, str] | None = None,
-                    **extra: Any) -> "RunnerClient":
+                    spare: Spare | None = None, **extra: Any) -> "RunnerClient":
         """Start the runner; with `config.token_stdin` it gets a fresh secret on stdin.
-        `env`: the environment to start it in (default: ours, with the BLAS preload)."""
-        env = runner_env(blas) if env is None else env
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", module, "--config", json.dumps(config.to_dict()),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, env=env,
-            preexec_fn=_death_signal_preexec(),
-            # Its own session: a Ctrl-C in the terminal reaches the supervisor only, which then
-            # stops its runners in order.
-            start_new_session=True)
-        log.info("started runner pid %d for %s on port %d", process.pid, config.model_name,
-                 config.port)
-        token = None
-        if config.token_stdin:
-            token = make_token()
+        `env`: the environment to start it in (default: ours, with the BLAS preload).
+        `spare`: a spare runner started with `blas` (spare.py), told `config` on its stdin
+        instead of starting a process."""
+        if spare is None:
+            process = await start_process(
+                [sys.executable, "-m", module, "--config", json.dumps(config.to_dict())],
+                runner_env(blas) if env is None else env)
+            first = b""
+        else:
+            process, first = spare.process, json.dumps(config.to_dict()).encode() + b"\n"
+        log.info("%s runner pid %d for %s on port %d", "started" if spare is None else
+                 "gave the spare", process.pid, config.model_name, config.port)
+        token = make_token() if config.token_stdin else None
+        if first or token:
             assert process.stdin is not None
-            process.stdin.write(token.encode() + b"\n")
+            process.stdin.write(first + (token.encode() + b"\n" if token else b""))
             try:
                 await process.stdin.drain()
             except ConnectionError:
                 pass  # it died at once: wait_ready says how
         client = cls(config, process, blas, token)
+        if spare is not None:
+            client._tail.extend(spare.tail)
         for key, value in extra.items():
             setattr(client, key, value)
         return client
@@ -397,6 +399,22 @@ class BlasSelection:
         return choice
 
 
+async def start_process(argv: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+    """A runner process: stdin a pipe it watches, stdout and stderr one pipe we read."""
+    return await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT, env=env, preexec_fn=_death_signal_preexec(),
+        # Its own session: a Ctrl-C in the terminal reaches the supervisor only, which then
+        # stops its runners in order.
+        start_new_session=True)
+
+
+async def start_spare(blas: str | None) -> asyncio.subprocess.Process:
+    """A spare runner (spare.py) with `blas` preloaded."""
+    return await start_process([sys.executable, "-m", RUNNER_MODULE, "--spare"],
+                               runner_env(blas))
+
+
 def runner_env(blas: str | None) -> dict[str, str]:
     """A runner inherits our environment (PATH, PYTHONPATH, HF_* ...); only the BLAS preload
     is added (a library that passed its probe on this CPU, shared/blas.py), which makes
@@ -443,12 +461,21 @@ def _port_taken(client: RunnerClient) -> bool:
 
 
 def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
+                        spares: SpareRunner | None = None,
                         ) -> Callable[[Any], Awaitable[RunnerClient]]:
-    """The production factory: spawn `python -m mlxr.runner` for a LoadSpec and wait until ready."""
+    """The production factory: spawn `python -m mlxr.runner` (or take `spares`' spare) for a
+    LoadSpec and wait until ready."""
     blas = blas or BlasSelection(settings)
 
     async def start(spec: Any) -> RunnerClient:
         library = (await blas.choice()).path
+        try:
+            return await _start(spec, library)
+        finally:
+            if spares is not None:  # the next load's, made once this one is done
+                spares.replenish(library)
+
+    async def _start(spec: Any, library: str | None) -> RunnerClient:
         config = RunnerConfig(
             model_dir=str(spec.model_dir), model_name=spec.name, host="127.0.0.1",
             port=free_port(), num_parallel=settings.num_parallel,
@@ -465,9 +492,11 @@ def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
                 remote_shell=settings.remote_shell)
             return await _ready(client, settings.load_timeout_s)
         attempts = 1
+        spare = spares.take(library) if spares is not None else None
         while True:
             client = await RunnerClient.spawn(config, module=settings.runner_module,
-                                              blas=library)
+                                              blas=library, spare=spare)
+            spare = None
             try:
                 return await _ready(client, settings.load_timeout_s)
             except RunnerFailed:

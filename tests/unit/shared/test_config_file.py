@@ -41,6 +41,7 @@ remote_shell = "ssh -o BatchMode=yes"
 host_attention = false
 attention_buckets = true
 float32_weights = "off"
+spare_runner = false
 [limits]
 memory_margin = 2147483648
 max_request_bytes = "64MiB"
@@ -68,7 +69,7 @@ def test_every_key_of_the_file_reaches_its_setting(tmp_path):
     assert (s.hostfile, s.sharding, s.remote_shell) == \
         (Path("/etc/mlxr/hosts.json"), "pipeline", "ssh -o BatchMode=yes")
     assert s.host_attention is False and s.float32_weights == "off"
-    assert s.attention_buckets is True
+    assert s.attention_buckets is True and s.spare_runner is False
     assert (s.memory_margin_bytes, s.max_request_bytes) == (2 << 30, 64 << 20)
     fields = {field for keys in FILE_KEYS.values() for field, _ in keys.values()}
     assert set(sources) == (fields - {"host"}) | {"host", "port"}
