@@ -36,6 +36,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxr.runner import probe_verdicts
 from mlxr.runner.decode_row import DecodeRow
 from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, openblas_sgemm, openblas_sgemv
 from mlxr.runner.host_ops import Gemm, RopeTables
@@ -314,7 +315,9 @@ class HostBody:
                         return None
             host = cls(table, parsed, norm, rotations, weights, library, kernel, quant,
                        AttendKernel.load())
-            return host if host.matches(model) else None
+            return host if probe_verdicts.decide(
+                "host_body" if kernel is None else "host_body+kernel",
+                lambda: host.matches(model)) else None
         except Exception as exc:  # a rope or layer this code does not read
             log.info("decode body in numpy does not apply (%s)", exc)
             return None

@@ -28,6 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from mlxr.runner import probe_verdicts
 from mlxr.runner.quant_kernel import QuantKernel, QuantizedWeight
 from mlxr.runner.row_kernel import RowKernel
 
@@ -153,20 +154,24 @@ class HostHead:
             quant = QuantKernel.load()
             head = None if quant is None else \
                 cls(quant.compact(quantized), None, quant)
-            return head if head is not None and all(
-                matches(head, mlx_head, rows, head.hidden, "quantized")
-                for rows in {1, 2, 13}) else None
+            return head if head is not None and probe_verdicts.decide(
+                "quantized_head", lambda: all(matches(head, mlx_head, rows, head.hidden,
+                                                      "quantized") for rows in {1, 2, 13})
+            ) else None
         weight = cpu_head_weight(model, mlx_head)
         if weight is None or not np.asarray(weight).flags.c_contiguous:
             return None
         sgemv = openblas_sgemv(library)
         head = cls(weight, sgemv, RowKernel.load() if kernel else None)
-        if head.kernel is not None and not head._kernel_pays(mlx_head, rival or mlx_head):
+        if head.kernel is not None and not probe_verdicts.decide(
+                "row_kernel_head", lambda: head._kernel_pays(mlx_head, rival or mlx_head)):
             head.kernel = None
         if head.kernel is None and sgemv is None:
             return None
-        return head if all(matches(head, mlx_head, rows, head.hidden, "host")
-                           for rows in {1, 2, min(head.max_rows, 13)}) else None
+        return head if probe_verdicts.decide(
+            "host_head" if head.kernel is None else "host_head+kernel",
+            lambda: all(matches(head, mlx_head, rows, head.hidden, "host")
+                        for rows in {1, 2, min(head.max_rows, 13)})) else None
 
     def _kernel_pays(self, mlx_head: Callable[[mx.array], mx.array],
                      rival: Callable[[mx.array], mx.array]) -> bool:

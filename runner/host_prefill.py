@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from mlxr.runner import probe_verdicts
 from mlxr.runner.host_body import HostBody, rms_norm
 from mlxr.runner.host_swiglu import silu_times
 from mlxr.runner.kv.host_attention import future_mask, softmax_rows
@@ -65,7 +66,8 @@ class HostPrefill:
             return None
         try:
             host = cls(body)
-            return host if host.matches(model) else None
+            return host if probe_verdicts.decide("host_prefill", lambda: host.matches(model)) \
+                else None
         except Exception as exc:  # a rope or layer this code does not read
             log.info("prefill body in numpy does not apply (%s)", exc)
             return None

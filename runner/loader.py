@@ -81,6 +81,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     from mlxr.runner.architectures import fix_model
     from mlxr.runner.embed.embeddings import is_encoder_dir, load_encoder_embedder
     from mlxr.runner.probe_reference import kernel_reference
+    from mlxr.runner.probe_verdicts import Verdicts, key as verdict_key, using as using_verdicts
     from mlxr.runner.tokenizer import load_tokenizer
     from mlxr.runner.vision.model import load_vision
     from mlxr.runner.weights import ON_KERNEL, float32_on_cpu
@@ -127,11 +128,24 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
         if widened:
             vision.widen()
     fix_model(model, model_config)
+    verdicts = None
+    if config.probe_cache_dir and group is None:
+        context = {"weights": weights, "kv_layout": config.kv_layout,
+                   "host_attention": config.host_attention,
+                   "attention_buckets": config.attention_buckets, "vision": vision is not None}
+        verdicts = Verdicts.open(config.probe_cache_dir, verdict_key(config.model_dir, context))
     # The probes below run the model's own forward passes: on a CPU, quantized layers on the
     # quantized kernel (MLX's own CPU product re-reads the weight for every row).
-    with contextlib.nullcontext() if group is not None else kernel_reference():
-        return _with_step(config, model, model_config, tokenizer, vision, weights, kv_scale,
-                          how, group, blas, on_progress)
+    with contextlib.nullcontext() if group is not None else kernel_reference(), \
+            using_verdicts(verdicts):
+        loaded = _with_step(config, model, model_config, tokenizer, vision, weights, kv_scale,
+                            how, group, blas, on_progress)
+    if verdicts is not None:
+        verdicts.save()
+        if verdicts.read:
+            log.info("probes: %d verdicts kept from an earlier load of these files (%s)",
+                     verdicts.read, verdicts.path)
+    return loaded
 
 
 def _with_step(config: RunnerConfig, model, model_config: dict, tokenizer, vision,

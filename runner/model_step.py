@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxr.runner import host_swiglu
+from mlxr.runner import host_swiglu, probe_verdicts
 from mlxr.runner.architectures import logit_transform
 from mlxr.runner.host_body import BATCH_MAX_ROWS as HOST_BATCH_MAX_ROWS
 from mlxr.runner.host_body import MAX_ROWS as HOST_BODY_MAX_ROWS, HostBody
@@ -71,18 +71,23 @@ def split_model(model) -> SplitModel:
     if body is None or head is None:
         return SplitModel(None, None)
     split = SplitModel(body, head, logit_transform(model))
-    try:
-        probe = mx.array([[1, 2, 3]])
-        whole = model(probe, cache=make_prompt_cache(model))
-        mx.eval(whole)  # alone: a distributed rank's passes hold collectives, kept in order
-        parts = split.logits(head(body(probe, cache=make_prompt_cache(model))))
-        mx.eval(parts)
-        if logits_match(parts, whole):
-            return split
-        log.info("model does not split into body and head; using whole-model calls")
-    except Exception as exc:  # any mismatch in signatures means the generic path
-        log.info("model does not split into body and head (%s); using whole-model calls", exc)
-    return SplitModel(None, None)
+
+    def splits() -> bool:
+        try:
+            probe = mx.array([[1, 2, 3]])
+            whole = model(probe, cache=make_prompt_cache(model))
+            mx.eval(whole)  # alone: a distributed rank's passes hold collectives, in order
+            parts = split.logits(head(body(probe, cache=make_prompt_cache(model))))
+            mx.eval(parts)
+            if logits_match(parts, whole):
+                return True
+            log.info("model does not split into body and head; using whole-model calls")
+        except Exception as exc:  # any mismatch in signatures means the generic path
+            log.info("model does not split into body and head (%s); using whole-model calls",
+                     exc)
+        return False
+
+    return split if probe_verdicts.decide("split", splits) else SplitModel(None, None)
 
 
 @dataclass(slots=True)
@@ -125,7 +130,8 @@ class ModelStep:
         if attention_buckets and bucketed_attention.wanted():
             kv_rows.install(model, buckets=True)
         self.num_layers = len(make_prompt_cache(model))
-        self.uses_rows = rows and kv_rows.probe(model, self.num_layers)
+        self.uses_rows = rows and probe_verdicts.decide(
+            "rows", lambda: kv_rows.probe(model, self.num_layers))
         row_kernel = self.host_head and self.host_head.kernel
         if not isinstance(row_kernel, RowKernel):  # (a quantized head's kernel is not one)
             row_kernel = None

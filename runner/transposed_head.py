@@ -18,6 +18,7 @@ from typing import Callable
 
 import mlx.core as mx
 
+from mlxr.runner import probe_verdicts
 from mlxr.runner.host_head import cpu_head_weight, matches, median_ms
 
 log = logging.getLogger("mlxr.runner")
@@ -37,14 +38,21 @@ class TransposedHead:
         weight = cpu_head_weight(model, mlx_head)
         if weight is None:
             return None
-        head = cls(weight)
-        if not matches(head, mlx_head, _PROBE_ROWS, weight.shape[1], "transposed"):
+        made: list[TransposedHead] = []
+
+        def pays() -> bool:
+            made.append(cls(weight))
+            if not matches(made[0], mlx_head, _PROBE_ROWS, weight.shape[1], "transposed"):
+                return False
+            probe = mx.random.normal((_PROBE_ROWS, weight.shape[1]), key=mx.random.key(1))
+            ours, theirs = median_ms(made[0], probe), median_ms(mlx_head, probe)
+            log.info("decode head: transposed weight %.1f ms, as stored %.1f ms (%d rows)",
+                     ours, theirs, _PROBE_ROWS)
+            return ours <= theirs * (1 - MIN_GAIN)
+
+        if not probe_verdicts.decide("transposed_head", pays):
             return None
-        probe = mx.random.normal((_PROBE_ROWS, weight.shape[1]), key=mx.random.key(1))
-        ours, theirs = median_ms(head, probe), median_ms(mlx_head, probe)
-        log.info("decode head: transposed weight %.1f ms, as stored %.1f ms (%d rows)",
-                 ours, theirs, _PROBE_ROWS)
-        return head if ours <= theirs * (1 - MIN_GAIN) else None
+        return made[0] if made else cls(weight)
 
     def __call__(self, hidden: mx.array) -> mx.array:
         return hidden @ self.weight_t

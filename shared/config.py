@@ -361,6 +361,9 @@ class RunnerConfig:
     blas: str = "auto"
     # A distributed runner's rank 1..N-1: no HTTP, it follows rank 0's steps.
     follower: bool = False
+    # Where load-time probe verdicts are kept per model, code and machine
+    # (runner/probe_verdicts.py; the supervisor's cache_dir/probes); "": probe every load.
+    probe_cache_dir: str = ""
     # A distributed runner's place in its group: this rank, and every rank's "ip:port" (the
     # ring backend's hostfile, written by the rank itself, so a rank on another host needs
     # no file from us). rank -1: MLX_RANK and MLX_HOSTFILE from the environment, if set (as

@@ -484,7 +484,8 @@ def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
             kv_layout=settings.kv_layout, host_attention=settings.host_attention,
             attention_buckets=settings.attention_buckets,
             float32_weights=settings.float32_weights, watch_stdin=True, token_stdin=True,
-            blas=library or "off", sharding=spec.sharding)
+            blas=library or "off", sharding=spec.sharding,
+            probe_cache_dir=str(settings.cache_dir / "probes"))
         if spec.hosts:  # one runner made of the hostfile's ranks
             await check_remote_memory(spec, settings.remote_shell)
             client: RunnerClient = await RunnerGroup.spawn_group(

@@ -1,13 +1,20 @@
-"""The spare runner (supervisor/runners/spare.py, `python -m mlxr.runner --spare`): the server
+"""What makes a runner's start short, through a real server.
+
+The spare runner (supervisor/runners/spare.py, `python -m mlxr.runner --spare`): the server
 starts one ahead of any load; a load takes it, and it serves the model's own tokens; the next
-spare is made after that load; none outlives the server. And a spare started by hand exits
-when its input ends, and refuses settings that are not one JSON object."""
+spare is made after that load; none outlives the server. A spare started by hand exits when
+its input ends, and refuses settings that are not one JSON object.
+
+The probes' verdicts (runner/probe_verdicts.py): kept under the server's cache directory
+after a load, read by the next load of the same files, which serves the same tokens."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 
@@ -89,3 +96,34 @@ def test_a_spare_refuses_settings_that_are_not_a_json_object(subprocess_env):
     _, err = proc.communicate(b"model_dir=/tmp\n", timeout=60)
     assert proc.returncode == 1
     assert b"a spare runner's settings must be one JSON object" in err
+
+
+def test_the_next_load_of_a_model_reads_its_probes_verdicts(tmp_path, subprocess_env,
+                                                            tiny_model, reference):
+    # (debug: the runners' own lines reach the log; the server's cache directory is the
+    # default one, where the BLAS verdicts and the built kernels are: an empty one would
+    # probe and build them for a minute)
+    server = start_server(tmp_path, subprocess_env, MLXR_DEBUG="1")
+    try:
+        client = server.client()
+        assert client.create(model="tiny", from_=str(tiny_model)).status == "success"
+        prompt = "Kept verdicts"
+        tokens = reference.tokenizer.encode(prompt)
+        want = reference.tokenizer.decode(reference(tokens, 10))
+        options = {"temperature": 0, "num_predict": 10}
+        first = client.generate(model="tiny", prompt=prompt, raw=True, options=options,
+                                keep_alive=0)
+        assert first.response == want
+        assert wait_for(lambda: server.runner_pids() == [], timeout=15)
+        again = client.generate(model="tiny", prompt=prompt, raw=True, options=options)
+        assert again.response == want
+        # (the first load may have read them too: the same blobs, loaded by another test)
+        found = re.findall(r"probes: (\d+) verdicts kept from an earlier load of these "
+                           r"files \((\S+\.json)\)", server.log())
+        assert found, server.log()[-3000:]
+        count, path = found[-1]
+        verdicts = json.loads(Path(path).read_text())["verdicts"]
+        assert int(count) == len(verdicts) >= 5
+        assert verdicts["rows"] is True and verdicts["split"] is True
+    finally:
+        server.stop()
