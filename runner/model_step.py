@@ -130,6 +130,8 @@ class ModelStep:
         if attention_buckets and bucketed_attention.wanted():
             kv_rows.install(model, buckets=True)
         self.num_layers = len(make_prompt_cache(model))
+        if rows:  # (the probe routes the attention too; a kept verdict does not probe)
+            kv_rows.install(model)
         self.uses_rows = rows and probe_verdicts.decide(
             "rows", lambda: kv_rows.probe(model, self.num_layers))
         row_kernel = self.host_head and self.host_head.kernel

@@ -207,7 +207,7 @@ class RunnerClient:
                     raise self.failure(f"timed out after {timeout_s:g}s loading "
                                        f"{self.config.model_name}")
                 await asyncio.wait([exited], timeout=delay)
-                delay = min(delay * 1.5, 0.25)
+                delay = min(delay * 1.5, 0.1)  # a ready runner waits at most this long
         finally:
             exited.cancel()
 

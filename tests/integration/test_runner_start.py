@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -115,8 +116,14 @@ def test_the_next_load_of_a_model_reads_its_probes_verdicts(tmp_path, subprocess
                                 keep_alive=0)
         assert first.response == want
         assert wait_for(lambda: server.runner_pids() == [], timeout=15)
-        again = client.generate(model="tiny", prompt=prompt, raw=True, options=options)
-        assert again.response == want
+        # Rows of different lengths in one batch: what a kept verdict skips must not change
+        # how they attend (the rows probe also routed the attention, once).
+        prompts = [prompt] + [f"Another prompt, {'longer ' * i}than the first" for i in range(4)]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            replies = list(pool.map(lambda text: client.generate(
+                model="tiny", prompt=text, raw=True, options=options).response, prompts))
+        assert replies == [reference.tokenizer.decode(reference(
+            reference.tokenizer.encode(text), 10)) for text in prompts]
         # (the first load may have read them too: the same blobs, loaded by another test)
         found = re.findall(r"probes: (\d+) verdicts kept from an earlier load of these "
                            r"files \((\S+\.json)\)", server.log())
