@@ -153,11 +153,11 @@ def _import_for_load() -> None:
 def _wait_as_spare() -> RunnerConfig:
     """A spare runner's settings: imported what loading needs, then read them from stdin.
     The supervisor gone first (end of input): exit."""
-    # On a thread, as a runner started for its model imports them on its engine thread:
-    # imported on the main thread, the 30M model decoded 7-9% slower through the server
-    # (135 against 145 tok/s, 10 alternating rounds; parity this way, 131 against 130).
-    # Glibc gives each thread its own heap arena: which one holds the imports' objects
-    # is the one difference we found.
+    # On a thread, as a runner started for its model imports them on its engine thread,
+    # and after `heap.keep_freed` (main): imported on the main thread before it, the 30M
+    # model decoded 7-9% slower through the server (135 against 145 tok/s, 10 alternating
+    # rounds); with both changes, at parity (131 against 130). Which of the two mattered
+    # was not separated (glibc gives threads their own heap arenas).
     importer = threading.Thread(target=_import_for_load, name="spare-imports")
     importer.start()
     importer.join()
