@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from mlxr.shared.blas import THREAD_TIMEOUT, choose, probe
+from mlxr.shared.config import Settings
 from tests.harness.server import serving
 
 pytestmark = pytest.mark.timeout(240)
@@ -50,7 +51,13 @@ def libraries(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("blas-cache")
+    """An empty BLAS cache, with the C kernels this machine built already (each is named by
+    its source's digest): the server's runner would otherwise compile them again, 20-30 s
+    that test nothing here."""
+    directory = tmp_path_factory.mktemp("blas-cache")
+    for built in Settings.from_env().cache_dir.glob("*_kernel-*.so"):
+        shutil.copy2(built, directory / built.name)
+    return directory
 
 
 def test_the_probe_names_the_signal_of_a_library_that_crashes(libraries):
