@@ -11,10 +11,9 @@ everything they depend on, and the next load of that model reads them instead of
 
 The key (`key`): every model file's name and size, and its digest where it is a store blob
 (named by it, and checked against it at load), else its resolved path and modification
-time; the bytes of the runner's own source (mlxr/runner,
-mlxr/shared), the versions of MLX, mlx-lm and numpy, the CPU's model name and flags, the core
-count, the device, the preloaded BLAS, and what the loader decided about the weights and
-layout. A change to any of them is a new file, probed afresh. Delete the directory to make
+time; the bytes of the runner's own source (mlxr/runner, mlxr/shared); the versions of MLX,
+mlx-lm and numpy; the CPU's model name and flags, the core count, the device and the
+preloaded BLAS; and what the loader decided about the weights and layout. A change to any of them is a new file, probed afresh. Delete the directory to make
 every model probe again.
 
 `decide(name, probe)` is the probes' one entry: inside `using(verdicts)` it answers from the
