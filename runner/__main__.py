@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from mlxr.runner import heap
 from mlxr.shared.blas import choose, preload_env
@@ -120,14 +121,14 @@ def _token(config: RunnerConfig) -> tuple[str, Path | None]:
     if config.token_stdin:
         token = read_token_line(sys.stdin.buffer)
         if token is None:  # the supervisor went away before sending it
-            sys.exit("runner: no token on stdin (token_stdin is set)")
+            _fail("runner: no token on stdin (token_stdin is set)")
         return token, None
     if config.token_file:
         path = Path(config.token_file).expanduser()
         try:
             return token_from_file(path), path
         except (OSError, ValueError) as exc:
-            sys.exit(f"runner: cannot use token file {path}: {exc}")
+            _fail(f"runner: cannot use token file {path}: {exc}")
     return new_token_file()
 
 
@@ -167,10 +168,10 @@ def _wait_as_spare() -> RunnerConfig:
     try:
         config = RunnerConfig.from_dict(json.loads(line))
     except (ValueError, TypeError, AttributeError) as exc:
-        sys.exit(f"runner: a spare runner's settings must be one JSON object: {exc}")
+        _fail(f"runner: a spare runner's settings must be one JSON object: {exc}")
     preloaded = os.environ.get("LD_PRELOAD", "").split()
     if sys.platform.startswith("linux") and config.blas not in ("off", *preloaded):
-        sys.exit(f"runner: a spare runner was started without the BLAS {config.blas}")
+        _fail(f"runner: a spare runner was started without the BLAS {config.blas}")
     return config
 
 
@@ -229,19 +230,29 @@ def main(argv: list[str] | None = None) -> None:
     _exit_now()
 
 
-def _exit_now() -> None:
+def _fail(message: str) -> NoReturn:
+    """Exit with status 1 and `message` on stderr, without the interpreter's teardown: once
+    MLX is imported (a spare imports it before it reads its settings) that teardown can
+    abort (see `_exit_now`): a spare given bad settings ended by SIGABRT, not status 1, in
+    one CI run."""
+    _exit_now(message, 1)
+
+
+def _exit_now(message: str | None = None, status: int = 0) -> NoReturn:
     """End a runner that stopped in order without the interpreter's teardown. A runner that
     had run MLX's quantized products died in it in 4 of 6 stops by SIGTERM on the 2-core
     EPYC ("terminate called without an active exception": a joinable C++ thread destroyed by
     a static destructor, SIGABRT, exit status -6; a core dump where the system keeps them);
     nothing the runner owns needs that teardown once its server is closed."""
     logging.shutdown()
+    if message is not None:
+        print(message, file=sys.stderr)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(0)
+    os._exit(status)
 
 
 def follow(config: RunnerConfig) -> None:
@@ -254,7 +265,7 @@ def follow(config: RunnerConfig) -> None:
 
     group = join_group(config)
     if group is None:
-        sys.exit("runner: --follower needs a rank in a group of 2 or more ranks")
+        _fail("runner: --follower needs a rank in a group of 2 or more ranks")
     loaded = load_model(config, loaded_blas().describe(), lambda progress: None, group)
     freeze_heap()
     print(json.dumps({"event": "following", "rank": group.rank()}), file=sys.stderr,

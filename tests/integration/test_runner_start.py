@@ -3,7 +3,8 @@
 The spare runner (supervisor/runners/spare.py, `python -m mlxr.runner --spare`): the server
 starts one ahead of any load; a load takes it, and it serves the model's own tokens; the next
 spare is made after that load; none outlives the server. A spare started by hand exits when
-its input ends, and refuses settings that are not one JSON object.
+its input ends, and refuses (status 1, never an abort) settings that are not one JSON object or
+name a BLAS it was not started with.
 
 The probes' verdicts (runner/probe_verdicts.py): kept under the server's cache directory
 after a load, read by the next load of the same files, which serves the same tokens."""
@@ -97,6 +98,14 @@ def test_a_spare_refuses_settings_that_are_not_a_json_object(subprocess_env):
     _, err = proc.communicate(b"model_dir=/tmp\n", timeout=60)
     assert proc.returncode == 1
     assert b"a spare runner's settings must be one JSON object" in err
+
+
+def test_a_spare_refuses_settings_for_another_blas(subprocess_env):
+    proc = spare_by_hand(subprocess_env)
+    settings = {"model_dir": "/tmp", "blas": "/nowhere/libopenblas.so.0"}
+    _, err = proc.communicate(json.dumps(settings).encode() + b"\n", timeout=60)
+    assert proc.returncode == 1
+    assert b"a spare runner was started without the BLAS /nowhere/libopenblas.so.0" in err
 
 
 def test_the_next_load_of_a_model_reads_its_probes_verdicts(tmp_path, subprocess_env,
