@@ -13,8 +13,11 @@ The key (`key`): every model file's name and size, and its digest where it is a 
 (named by it, and checked against it at load), else its resolved path and modification
 time; the bytes of the runner's own source (mlxr/runner, mlxr/shared); the versions of MLX,
 mlx-lm and numpy; the CPU's model name and flags, the core count, the device and the
-preloaded BLAS; and what the loader decided about the weights and layout. A change to any of them is a new file, probed afresh. Delete the directory to make
-every model probe again.
+preloaded BLAS; and what the loader decided about the weights and layout. A change to any of
+them is a new file, probed afresh. Delete the directory to make every model probe again.
+
+A file read is touched; a save keeps the `KEEP` most recently used files and deletes the
+rest (each is about 150 bytes, but one is made per model per code change, for ever).
 
 `decide(name, probe)` is the probes' one entry: inside `using(verdicts)` it answers from the
 file or runs `probe` and records its answer; outside (tests, a runner started by hand, a
@@ -38,6 +41,7 @@ from typing import Any, Callable, Iterator
 log = logging.getLogger("mlxr.runner")
 
 VERSION = 1  # of the file's layout
+KEEP = 256  # files kept in the directory, most recently used first
 _BLOB = re.compile(r"sha256-[0-9a-f]{64}")
 _CURRENT: contextvars.ContextVar["Verdicts | None"] = contextvars.ContextVar(
     "probe_verdicts", default=None)
@@ -60,6 +64,7 @@ class Verdicts:
             data = json.loads(path.read_text())
             known = data["verdicts"] if data.get("version") == VERSION else {}
             known = {k: v for k, v in known.items() if isinstance(v, bool)}
+            os.utime(path)  # used: the last to be pruned
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             known = {}  # none yet, or unreadable: probe again and write it anew
         return cls(path, known)
@@ -83,10 +88,24 @@ class Verdicts:
                                       sort_keys=True))
             os.replace(tmp, self.path)
             self._new = False
+            prune(self.path.parent)
         except OSError as exc:
             log.info("could not keep the probes' verdicts in %s (%s)", self.path, exc)
             with contextlib.suppress(OSError):
                 tmp.unlink()
+
+
+def prune(cache_dir: Path, keep: int | None = None) -> None:
+    """Delete all but the `keep` most recently used verdict files in `cache_dir` (another
+    runner pruning at the same time: each file is deleted once, the misses ignored)."""
+    files = []
+    for path in cache_dir.glob("*.json"):
+        with contextlib.suppress(OSError):
+            files.append((path.stat().st_mtime_ns, path))
+    files.sort(reverse=True)
+    for _, path in files[KEEP if keep is None else keep:]:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def decide(name: str, probe: Callable[[], bool]) -> bool:

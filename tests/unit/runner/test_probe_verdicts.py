@@ -1,10 +1,11 @@
 """runner/probe_verdicts.py without MLX: a verdict is probed once and read back from its file
 after that; outside `using` every call probes; an unreadable file is probed afresh and an
-unwritable directory only logged."""
+unwritable directory only logged; a save prunes the least recently used files."""
 
 from __future__ import annotations
 
 import json
+import os
 import logging
 
 from mlxr.runner import probe_verdicts
@@ -52,11 +53,12 @@ def test_nothing_is_written_when_every_verdict_was_read(tmp_path):
     [path] = tmp_path.glob("*.json")
     path.write_text(json.dumps({"version": probe_verdicts.VERSION,
                                 "verdicts": {"split": False}}))
-    before = path.stat().st_mtime_ns
+    before = path.stat().st_ino
     with using(Verdicts.open(tmp_path, "k")) as verdicts:
         assert decide("split", Probe(True)) is False
         verdicts.save()
-    assert path.stat().st_mtime_ns == before
+    assert path.stat().st_ino == before  # a save replaces the file: a new inode
+    assert json.loads(path.read_text())["verdicts"] == {"split": False}
 
 
 def test_a_damaged_or_foreign_file_is_probed_afresh(tmp_path):
@@ -82,3 +84,21 @@ def test_an_unwritable_directory_is_logged_not_raised(tmp_path, caplog):
         assert decide("rows", Probe(True))
         verdicts.save()
     assert "could not keep the probes' verdicts" in caplog.text
+
+
+def test_a_save_keeps_the_most_recently_used_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(probe_verdicts, "KEEP", 3)
+
+    def save(key: str) -> None:
+        with using(Verdicts.open(tmp_path, key)) as verdicts:
+            decide("rows", Probe(True))
+            verdicts.save()
+
+    for age, key in enumerate(["a", "b", "c"]):
+        save(key)
+        path = Verdicts.open(tmp_path, key).path
+        os.utime(path, ns=(age * 10**9, age * 10**9))  # a oldest
+    Verdicts.open(tmp_path, "a")  # read: now the most recently used
+    save("d")
+    kept = {path.name for path in tmp_path.glob("*.json")}
+    assert kept == {Verdicts.open(tmp_path, key).path.name for key in ("a", "c", "d")}
