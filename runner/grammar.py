@@ -16,6 +16,11 @@ Invariants:
   section) the processor is dormant: it masks nothing until those ids appear in the output,
   then the grammar starts at the token after them (`num_prompt` moves there, so the invariant
   above holds from then on). Output that never closes its thinking is never constrained.
+- With `open_with` too (the one token that opens a thinking section, where the prompt did not
+  open it): the output's first token decides. Its mask is the grammar's first one plus that
+  token; the token opens the thinking (dormant, as above), anything else is the grammar's
+  first token and the grammar holds from there. So output that does not think is constrained
+  from its start (Ollama applies the format once the content begins, thinking or not).
 """
 
 from __future__ import annotations
@@ -112,10 +117,10 @@ class GrammarProcessor:
     """The `LogitsProcessor` of one constrained request (see the module docstring)."""
 
     __slots__ = ("matcher", "num_prompt", "num_consumed", "vocab_size", "_allowed", "_warned",
-                 "start_after")
+                 "start_after", "open_with")
 
     def __init__(self, matcher: Any, num_prompt: int, vocab_size: int,
-                 start_after: list[int] | None = None):
+                 start_after: list[int] | None = None, open_with: int | None = None):
         self.matcher = matcher
         self.num_prompt = num_prompt
         self.num_consumed = 0
@@ -123,6 +128,7 @@ class GrammarProcessor:
         self._allowed: np.ndarray | None = None
         self._warned = False
         self.start_after = start_after or None
+        self.open_with = open_with if self.start_after else None
 
     @property
     def active(self) -> bool:
@@ -137,9 +143,25 @@ class GrammarProcessor:
                 self.start_after = None
                 return
 
+    def _choose(self, tokens: list[int]) -> None:
+        """The output's first token, once there is one: the thinking's opening (dormant until
+        `start_after`) or the grammar's first token (active now)."""
+        out = tokens[self.num_prompt:self.num_prompt + 1]
+        if out:
+            if out[0] != self.open_with:
+                self.start_after = None
+            self.open_with, self._allowed = None, None
+
     def prepare(self, tokens: list[int]) -> None:
         """Advance past the tokens chosen since the last call and compute the next mask (host
         work, done while the device runs the forward pass)."""
+        if self.open_with is not None:
+            self._choose(tokens)
+            if self.open_with is not None:  # no output yet: the grammar's mask or the opening
+                if self._allowed is None:
+                    self._allowed = self.allowed_now()
+                    self._allowed[self.open_with] = True
+                return
         if not self.active:
             self._wake(tokens)
             if not self.active:
@@ -170,10 +192,14 @@ class GrammarProcessor:
     def __call__(self, tokens: list[int], row: Any) -> Any:
         import mlx.core as mx  # here only, so the host-side logic needs no MLX
 
+        mask = self.mask(tokens)
+        return row if mask is None else mx.where(mx.array(mask), row, float("-inf"))
+
+    def mask(self, tokens: list[int]) -> np.ndarray | None:
+        """`prepare(tokens)`, then the bool mask (vocab_size,) for the next token, or None
+        while the output is free (dormant)."""
         self.prepare(tokens)
-        if not self.active:
-            return row
-        return mx.where(mx.array(self._allowed), row, float("-inf"))
+        return self._allowed if self.active or self.open_with is not None else None
 
 
 _COMPILERS: "weakref.WeakKeyDictionary[Any, GrammarCompiler]" = weakref.WeakKeyDictionary()
@@ -195,14 +221,19 @@ def compiler_for(tokenizer: Any, vocab_size: int) -> GrammarCompiler:
 
 
 def make_grammar(tokenizer: Any, vocab_size: int, fmt: Any, num_prompt: int,
-                 format_after: str | None = None) -> GrammarProcessor:
+                 format_after: str | None = None,
+                 format_open: str | None = None) -> GrammarProcessor:
     """Compile `fmt` for a request whose prompt has `num_prompt` tokens, with its first mask
-    ready (or dormant until the output holds `format_after`'s tokens). Blocking (milliseconds;
+    ready (or dormant until the output holds `format_after`'s tokens; with `format_open`,
+    dormant only if the output opens with it, where it is one token). Blocking (milliseconds;
     about 1 s the first time per model): call it off the event loop. Raises InvalidRequest
     for a format that does not compile."""
     start_after = tokenizer.encode(format_after, add_special_tokens=False) if format_after \
         else None
+    opening = tokenizer.encode(format_open, add_special_tokens=False) if format_open else []
+    # (an opening of several tokens: dormant from the start, as without one)
     processor = GrammarProcessor(compiler_for(tokenizer, vocab_size).matcher(fmt), num_prompt,
-                                 vocab_size, start_after)
+                                 vocab_size, start_after,
+                                 opening[0] if len(opening) == 1 else None)
     processor.prepare([])
     return processor

@@ -192,7 +192,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if req.format is not None:  # compiled here, so a bad schema is a 400, not a broken stream
         grammar = await asyncio.get_running_loop().run_in_executor(
             None, make_grammar, engine.loaded.tokenizer, engine.loaded.vocab_size, req.format,
-            len(tokens), req.format_after)
+            len(tokens), req.format_after, req.format_open)
 
     outbox: asyncio.Queue = asyncio.Queue()
     seq = make_sequence(next(request.app[SEQ_IDS]), tokens, req.options, num_ctx, req.logprobs,

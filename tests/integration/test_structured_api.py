@@ -63,6 +63,7 @@ TOOLS = [
                        "required": ["hour", "minute"], "additionalProperties": False}}},
 ]
 PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+THINK_OPEN = "151667"  # Qwen3's <think>
 ASK = [{"role": "user", "content": "Wake me at seven, and what is the weather in Oslo?"}]
 
 
@@ -117,6 +118,23 @@ def test_json_format_on_chat_gives_an_object_and_no_thinking(client):
                                  "logit_bias": CLOSE_STRING_BIAS})
     assert reply.done_reason == "stop" and not reply.message.thinking
     assert isinstance(json.loads(reply.message.content), dict)
+
+
+def test_a_thinking_model_that_does_not_open_its_thinking_is_held_to_the_format(client, oai):
+    # Thinking on (unset: Ollama's default for a thinking model) and no <think> as the first
+    # token: the format holds from that token, as Ollama applies it once the content begins.
+    # (It waited for a </think> that never came, and answered free text.)
+    no_thinking = {THINK_OPEN: -100} | CLOSE_STRING_BIAS
+    reply = client.chat(model="tiny", messages=[{"role": "user", "content": "Person 7"}],
+                        format=PERSON, options={"num_predict": 300, "temperature": 0,
+                                                "logit_bias": no_thinking})
+    assert reply.done_reason == "stop" and not reply.message.thinking
+    jsonschema.validate(json.loads(reply.message.content), PERSON)
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    reply = oai.chat.completions.create(model="tiny", messages=ASK, response_format=fmt,
+                                        max_tokens=300, temperature=0, logit_bias=no_thinking)
+    assert reply.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
 
 
 def test_a_schema_the_runner_cannot_compile_is_a_400(client):

@@ -172,3 +172,40 @@ def test_compiler_is_built_once_per_tokenizer(backend):
         t.join()
     assert len(built) == 3 and all(c is built[0] for c in built)
     assert built[0].eos_ids == EOS
+
+
+THINK_OPEN, THINK_CLOSE = 151667, 151668  # <think>, </think>
+
+
+def thinking_processor(compiler, open_with: int | None = THINK_OPEN) -> GrammarProcessor:
+    return GrammarProcessor(compiler.matcher(SCHEMA), len(PROMPT), VOCAB, [THINK_CLOSE],
+                            open_with)
+
+
+def test_output_that_opens_no_thinking_is_held_to_the_format_from_its_first_token(
+        compiler, backend):
+    processor = thinking_processor(compiler)
+    first = processor.mask(PROMPT)
+    grammar = GrammarProcessor(compiler.matcher(SCHEMA), len(PROMPT), VOCAB)
+    want = grammar.mask(PROMPT).copy()
+    want[THINK_OPEN] = True  # the first token may open the thinking instead
+    assert np.array_equal(first, want)
+    tokens = encode(backend, '{"name":"')
+    assert np.array_equal(processor.mask(PROMPT + tokens), grammar.mask(PROMPT + tokens))
+    assert processor.active and not processor.mask(PROMPT + tokens)[THINK_OPEN]
+
+
+def test_output_that_opens_its_thinking_is_free_until_it_closes(compiler, backend):
+    processor = thinking_processor(compiler)
+    thought = [THINK_OPEN] + encode(backend, "Let me think. {not json")
+    assert processor.mask(PROMPT + thought) is None and not processor.active
+    answer = encode(backend, '{"name":"')
+    mask = processor.mask(PROMPT + thought + [THINK_CLOSE] + answer)
+    grammar = GrammarProcessor(compiler.matcher(SCHEMA), len(PROMPT), VOCAB)
+    assert processor.active and np.array_equal(mask, grammar.mask(PROMPT + answer))
+
+
+def test_without_an_opening_token_the_output_is_free_until_the_thinking_closes(compiler, backend):
+    processor = thinking_processor(compiler, open_with=None)  # the prompt opened it
+    assert processor.mask(PROMPT) is None
+    assert processor.mask(PROMPT + encode(backend, "plain words")) is None
