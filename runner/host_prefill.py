@@ -37,6 +37,10 @@ log = logging.getLogger("mlxr.runner")
 
 MAX_TOKENS = 1024  # longer chunks take MLX's pass
 GROUP_TOKENS = 4096  # several chunks' positions in one pass (`chunks`), at most
+# Scores attention holds at a time (`_attend`): 4 MB, so a block's softmax and its product with
+# the values read them from the caches (all heads' scores of a 512-token chunk at 4,096
+# positions were 134 MB, read from memory 5 times).
+TILE_SCORES = 1 << 20
 
 
 @dataclass(slots=True)
@@ -164,30 +168,51 @@ class HostPrefill:
     def _attend(self, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
                 scale: float, n: int) -> np.ndarray:
         """Causal attention of queries q (m, heads, d), the last m of the chunk's n new
-        positions, over the pieces (kv_heads, positions, d); returns (m, heads * d)."""
-        gemm = self._gemm
+        positions, over the pieces (kv_heads, positions, d); returns (m, heads * d).
+
+        A key head and a block of queries at a time (`TILE_SCORES`): its scores, their
+        softmax (the attention kernel's, else numpy's) and their product with the values
+        while the scores are in the caches, and only over the positions the block's last
+        query sees."""
+        gemm, kernel = self._gemm, self.body.attend_kernel
         m, heads, d = q.shape
         kv_heads = keys[0].shape[0]
         group = heads // kv_heads
         positions = sum(k.shape[1] for k in keys)
-        # head h reads key head h // group: (kv_heads, group, m, d), rows contiguous
-        grouped = np.ascontiguousarray(q.reshape(m, kv_heads, group, d).transpose(1, 2, 0, 3))
-        grid = np.empty((kv_heads, group, m, positions), dtype=np.float32)
-        for h in range(kv_heads):
-            rows, at = grouped[h].reshape(group * m, d), 0
-            scores = grid[h].reshape(group * m, positions)
-            for k in keys:
-                gemm.product(rows, k[h], scores[:, at:at + k.shape[1]], transpose_b=True,
-                             alpha=scale)
-                at += k.shape[1]
-        # query i sits at chunk index n - m + i
-        softmax_rows(grid, future_mask(n)[n - m:] if m > 1 else None)
-        out = np.empty((kv_heads, group * m, d), dtype=np.float32)
-        for h in range(kv_heads):
-            probs, at = grid[h].reshape(group * m, positions), 0
-            for j, v in enumerate(values):
-                gemm.product(probs[:, at:at + v.shape[1]], v[h], out[h], transpose_b=False,
-                             accumulate=j > 0)
-                at += v.shape[1]
+        # head h reads key head h // group: (kv_heads, group, m, d)
+        grouped = q.reshape(m, kv_heads, group, d).transpose(1, 2, 0, 3)
+        future = future_mask(n)[n - m:] if m > 1 else None
+        block = max(1, min(m, TILE_SCORES // (group * positions)))
+        scores_buffer = np.empty(group * block * positions, dtype=np.float32)
+        out = np.empty((kv_heads, group, m, d), dtype=np.float32)
+        for a in range(0, m, block):
+            b = min(m, a + block)
+            seen = positions - m + b  # query i (of m) sees the first positions - m + i + 1
+            tile = scores_buffer[:group * (b - a) * seen].reshape(1, group, b - a, seen)
+            scores = tile.reshape(group * (b - a), seen)
+            mask = None if future is None else future[a:b, :n - m + b]
+            for h in range(kv_heads):
+                rows = np.ascontiguousarray(grouped[h, :, a:b]).reshape(group * (b - a), d)
+                at = 0
+                for k in keys:
+                    width = min(k.shape[1], seen - at)
+                    if width <= 0:
+                        break
+                    gemm.product(rows, k[h, :width], scores[:, at:at + width],
+                                 transpose_b=True, alpha=scale)
+                    at += width
+                if kernel is None:
+                    softmax_rows(tile, mask)
+                else:  # query i of the block sees seen - (b - a) + i + 1 positions
+                    kernel.softmax_rows(scores, seen - (b - a) + 1 if m > 1 else seen, b - a)
+                attended, at = np.empty((group * (b - a), d), dtype=np.float32), 0
+                for j, v in enumerate(values):
+                    width = min(v.shape[1], seen - at)
+                    if width <= 0:
+                        break
+                    gemm.product(scores[:, at:at + width], v[h, :width], attended,
+                                 transpose_b=False, accumulate=j > 0)
+                    at += width
+                out[h, :, a:b] = attended.reshape(group, b - a, d)
         # (kv_heads, group, m, d) -> (m, heads * d), head h = kv head h // group
         return out.reshape(kv_heads, group, m, d).transpose(2, 0, 1, 3).reshape(m, heads * d)

@@ -42,8 +42,9 @@ SPLIT_FLOATS = 1 << 20
 
 class AttendKernel:
     def __init__(self, fn, job: int | None = None, parts=None, rows_job: int | None = None,
-                 decode=None, decode_layout: tuple[int, ...] = ()):
+                 decode=None, decode_layout: tuple[int, ...] = (), softmax=None):
         self._fn = fn
+        self._softmax = softmax  # mlxr_softmax_rows: a prefill tile's (`softmax_rows`)
         # mlxr_decode_row: one row's whole decode step (runner/decode_row.py), and the sizes
         # of the table it reads (mlxr_decode_layout); None without the quantized kernel's
         # workers
@@ -61,23 +62,38 @@ class AttendKernel:
         found = native.built_functions(
             native.attend_kernel_library, cache_dir,
             ["mlxr_attend_position", "mlxr_attend_heads", "mlxr_attend_rows",
-             "mlxr_decode_row", "mlxr_decode_layout"], "attention kernel (using numpy instead)")
+             "mlxr_decode_row", "mlxr_decode_layout", "mlxr_softmax_rows"],
+            "attention kernel (using numpy instead)")
         if found is None:
             return None
-        fn, job, rows, decode, layout = found
+        fn, job, rows, decode, layout, softmax = found
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
                        ctypes.c_long, ctypes.c_long]
+        softmax.restype = None
+        softmax.argtypes = [ctypes.c_void_p] + [ctypes.c_long] * 6
         pool = QuantKernel.load(cache_dir)
         if pool is None:
-            return cls(fn)
+            return cls(fn, softmax=softmax)
         decode.restype = ctypes.c_int
         decode.argtypes = [ctypes.c_void_p] * 7
         sizes = np.zeros(5, dtype=np.int64)
         layout.restype = None
         layout(ctypes.c_void_p(sizes.ctypes.data))
-        return cls(fn, address(job), pool.parts, address(rows), decode, tuple(sizes.tolist()))
+        return cls(fn, address(job), pool.parts, address(rows), decode, tuple(sizes.tolist()),
+                   softmax)
+
+    def softmax_rows(self, scores: np.ndarray, first: int, period: int) -> None:
+        """Softmax in place over each row of `scores` (rows, cols) float32 with contiguous
+        rows, row r over its first min(cols, first + r % period) columns, the rest set to 0
+        (a causal mask: runner/host_prefill.py); the rows split across the cores."""
+        rows, cols = scores.shape
+        if scores.dtype != np.float32 or scores.strides[1] != 4 or first < 1:
+            raise ValueError("softmax_rows takes float32 rows of contiguous floats")
+        fn, address, stride = self._softmax, scores.ctypes.data, scores.strides[0] >> 2
+        host_parallel.for_rows(rows, scores.size,
+                               lambda a, z: fn(address, stride, cols, first, period, a, z))
 
     def __call__(self, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
                  group: int) -> np.ndarray | None:

@@ -256,6 +256,34 @@ int mlxr_attend_position(const float *q, long group, long dim, long pieces,
     return 0;
 }
 
+/* A prefill tile's softmax in place (runner/host_prefill.py `_attend`): rows a..z of `cols`
+ * floats, `stride` apart from s, row r seeing its first min(cols, first + r % period) (the
+ * causal mask: the others become 0). Two passes over a row where numpy made five (its max,
+ * the shift, exp, the sum, the division): 2.4 of a 3,072-token prompt's 29.7 s on a 0.6B
+ * model was numpy's softmax. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MLXR_NO_CLONES)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void mlxr_softmax_rows(float *s, long stride, long cols, long first, long period, long a, long z)
+{
+    for (long r = a; r < z; r++) {
+        float *row = s + (size_t)r * stride;
+        long n = first + r % period;
+        n = n < cols ? n : cols;
+        if (n <= 0) {
+            memset(row, 0, sizeof(float) * (size_t)cols);
+            continue;
+        }
+        float inverse = 1.0f / exp_shifted(row, n, largest(row, n));
+        long i = 0;
+        for (; i + 8 <= n; i += 8)
+            *(v8 *)(row + i) *= inverse;
+        for (; i < n; i++)
+            row[i] *= inverse;
+        memset(row + n, 0, sizeof(float) * (size_t)(cols - n));
+    }
+}
+
 /* `mlxr_attend_position` for key heads h0..h1 as a job of the quantized kernel's workers
  * (`mlxr_parts` in quant_kernel.c): args are int64s, q, group, dim, pieces, table, scores,
  * positions, out, then a status that a refusal sets to -1. */

@@ -3,7 +3,7 @@ shared/assets/attend_kernel.c): against float64 for groups, head sizes, piece sp
 lengths around its tiles; the same output with its heads split across the quantized kernel's
 workers, or Python's threads without them; refusing what it does not read (numpy's attention
 then serves); and the numpy decode body reading a shared prefix through it with mlx-lm's
-greedy tokens."""
+greedy tokens. Its softmax of a prefill tile's rows against float64, causal mask included."""
 
 from __future__ import annotations
 
@@ -187,3 +187,23 @@ def test_the_bodys_batched_rows_attend_in_one_call_a_layer(arch_models, monkeypa
     got, _, _ = host_greedy(model, batch_body, prompts, steps=5)
     assert got == [mlx_lm_greedy(model, p, 5) for p in prompts]
     assert calls and set(calls) == {4}  # every layer of every step: the four rows at once
+
+
+@pytest.mark.parametrize("rows, cols, first, period", [
+    (6, 37, 35, 3),      # a causal block of 3 queries, for 2 heads, cols not a multiple of 8
+    (4, 16, 16, 1),      # no mask: every row sees every column
+    (8, 300, 1, 8),      # the first query of a chunk at position 0 sees one column
+    (2, 9, 20, 1),       # more than there is: all of them
+])
+def test_a_prefill_tiles_softmax_is_numpys_with_the_causal_mask(kernel, rows, cols, first,
+                                                                period):
+    rng = np.random.default_rng(rows * cols)
+    scores = rng.standard_normal((rows, cols + 3), dtype=np.float32)[:, :cols] * 8  # strided
+    want = np.zeros((rows, cols))
+    for r in range(rows):
+        n = min(cols, first + r % period)
+        e = np.exp(scores[r, :n].astype(np.float64) - scores[r, :n].max())
+        want[r, :n] = e / e.sum()
+    kernel.softmax_rows(scores, first, period)
+    np.testing.assert_allclose(scores, want, rtol=2e-6, atol=1e-9)
+    assert not scores[want == 0].any()  # masked columns are exactly 0
