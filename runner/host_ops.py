@@ -184,6 +184,11 @@ class RopeTables:
         if not np.array_equal(partner[partner], np.arange(d)):
             raise ValueError("a rope whose pairs are not symmetric")
         self.partner = partner
+        # The two layouts models use, where slices replace the partner gather: each half
+        # against the other (mlx's default), or neighbours (traditional)
+        index = np.arange(d)
+        self._halves = d % 2 == 0 and np.array_equal(partner, (index + d // 2) % d)
+        self._neighbours = d % 2 == 0 and np.array_equal(partner, index ^ 1)
         self.first = partner >= np.arange(d)  # one coordinate of each pair, and the lone ones
         self.lone = partner == np.arange(d)
         self._probe = mx.array(np.stack([self.first, ~self.first]).astype(np.float32))
@@ -229,7 +234,18 @@ class RopeTables:
         return diag.astype(np.float32), off.astype(np.float32)
 
     def apply(self, x: np.ndarray, diag: np.ndarray, off: np.ndarray) -> np.ndarray:
-        """x (n, heads, d) rotated at the tables' positions."""
+        """x (n, heads, d) rotated at the tables' positions. For the usual layouts the
+        partners are read by slices: numpy's gather made it 4x slower (a 512-token chunk's
+        queries, 16 heads of 128: 5.1-7.5 ms against 1.2)."""
         out = x * diag[:, None, :]
-        out += x[..., self.partner] * off[:, None, :]
+        if self._halves or self._neighbours:
+            cut = x.shape[-1] // 2
+            a, b = (np.s_[..., :cut], np.s_[..., cut:]) if self._halves else \
+                (np.s_[..., 0::2], np.s_[..., 1::2])
+            swapped = np.empty_like(out)
+            np.multiply(x[b], off[:, None][a], out=swapped[a])
+            np.multiply(x[a], off[:, None][b], out=swapped[b])
+            out += swapped
+        else:
+            out += x[..., self.partner] * off[:, None, :]
         return out
