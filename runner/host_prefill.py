@@ -7,8 +7,10 @@ between the two. For the short chunks that a long prompt is read in beside runni
 and for a short prompt's one chunk, that overhead is most of the chunk's time. Here the
 products are `cblas_sgemm` calls into the OpenBLAS MLX itself uses (one BLAS in the process,
 as for the host head and body), and everything between them is numpy, with the softmax and
-SwiGLU split across the cores (runner/host_parallel.py). Measured in docs/PERFORMANCE.md
-("Prefill chunks in numpy").
+SwiGLU split across the cores (runner/host_parallel.py). Attention goes a key head and a
+block of queries at a time, its softmax in the attention kernel's C where it is built.
+Measured in docs/PERFORMANCE.md ("Prefill chunks in numpy", "A long prompt's attention in
+tiles").
 
 The chunk's keys and values are written straight into the row's MLX arrays through numpy
 views (runner/kv/rows.py `RowBatch.host_chunk` makes room and evaluates them first). In the
