@@ -222,15 +222,15 @@ def compiler_for(tokenizer: Any, vocab_size: int) -> GrammarCompiler:
 
 def make_grammar(tokenizer: Any, vocab_size: int, fmt: Any, num_prompt: int,
                  format_after: str | None = None,
-                 format_open: str | None = None) -> GrammarProcessor:
+                 think_open: str | None = None) -> GrammarProcessor:
     """Compile `fmt` for a request whose prompt has `num_prompt` tokens, with its first mask
-    ready (or dormant until the output holds `format_after`'s tokens; with `format_open`,
+    ready (or dormant until the output holds `format_after`'s tokens; with `think_open`,
     dormant only if the output opens with it, where it is one token). Blocking (milliseconds;
     about 1 s the first time per model): call it off the event loop. Raises InvalidRequest
     for a format that does not compile."""
     start_after = tokenizer.encode(format_after, add_special_tokens=False) if format_after \
         else None
-    opening = tokenizer.encode(format_open, add_special_tokens=False) if format_open else []
+    opening = tokenizer.encode(think_open, add_special_tokens=False) if think_open else []
     # (an opening of several tokens: dormant from the start, as without one)
     processor = GrammarProcessor(compiler_for(tokenizer, vocab_size).matcher(fmt), num_prompt,
                                  vocab_size, start_after,

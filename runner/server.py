@@ -155,9 +155,13 @@ async def _think_budget(engine: Engine, req: CompletionRequest,
                         num_prompt: int) -> ThinkBudget | None:
     if req.think_budget is None or not req.think_end:
         return None
-    tag = await asyncio.get_running_loop().run_in_executor(
-        None, _encode, engine, req.think_end, False)
-    return ThinkBudget(req.think_budget, tag, num_prompt) if tag else None
+    loop = asyncio.get_running_loop()
+    tag = await loop.run_in_executor(None, _encode, engine, req.think_end, False)
+    opening = await loop.run_in_executor(None, _encode, engine, req.think_open, False) \
+        if req.think_open else []
+    # (an opening of several tokens: forced as without one, whatever the output begins with)
+    return ThinkBudget(req.think_budget, tag, num_prompt,
+                       opening[0] if len(opening) == 1 else None) if tag else None
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -192,7 +196,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if req.format is not None:  # compiled here, so a bad schema is a 400, not a broken stream
         grammar = await asyncio.get_running_loop().run_in_executor(
             None, make_grammar, engine.loaded.tokenizer, engine.loaded.vocab_size, req.format,
-            len(tokens), req.format_after, req.format_open)
+            len(tokens), req.format_after, req.think_open)
 
     outbox: asyncio.Queue = asyncio.Queue()
     seq = make_sequence(next(request.app[SEQ_IDS]), tokens, req.options, num_ctx, req.logprobs,

@@ -134,9 +134,10 @@ class CompletionRequest:
     # With `format`: the grammar applies only after the output has produced this text (the
     # end of a thinking section, e.g. "</think>"); before it the output is free.
     format_after: str | None = None
-    # With `format_after`: the text that opens the thinking section, where the prompt did not
-    # open it. Output that does not begin with it is held to the format from its first token.
-    format_open: str | None = None
+    # With `format_after` or `think_end`: the text that opens the thinking section, where the
+    # prompt did not open it. Output that does not begin with it is not thinking: a format
+    # holds from its first token, and a thinking budget never forces `think_end`.
+    think_open: str | None = None
     # Ollama's `shift`: when the context fills, drop the older half after `num_keep` and go
     # on; False ends the output there (done_reason "length").
     shift: bool = True
@@ -171,9 +172,9 @@ class CompletionRequest:
         after = data.get("format_after") or None
         if after is not None and not isinstance(after, str):
             raise InvalidRequest("format_after must be a string")
-        opening = data.get("format_open") or None
+        opening = data.get("think_open") or None
         if opening is not None and not isinstance(opening, str):
-            raise InvalidRequest("format_open must be a string")
+            raise InvalidRequest("think_open must be a string")
         shift = data.get("shift", True)
         if not isinstance(shift, bool):
             raise InvalidRequest("shift must be a boolean")
@@ -193,7 +194,8 @@ class CompletionRequest:
                    logprobs=bool(data.get("logprobs")) or top > 0, top_logprobs=top, format=fmt,
                    add_special=add_special,
                    return_prompt_tokens=bool(data.get("return_prompt_tokens")),
-                   format_after=after, format_open=opening if after else None, shift=shift, think_budget=budget, think_end=end)
+                   format_after=after,
+                   think_open=opening if after or end else None, shift=shift, think_budget=budget, think_end=end)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"options": self.options.to_dict()}
@@ -212,12 +214,12 @@ class CompletionRequest:
             d["return_prompt_tokens"] = True
         if self.format is not None and self.format_after:
             d["format_after"] = self.format_after
-            if self.format_open:
-                d["format_open"] = self.format_open
         if not self.shift:
             d["shift"] = False
         if self.think_budget is not None and self.think_end:
             d["think_budget"], d["think_end"] = self.think_budget, self.think_end
+        if self.think_open and ("format_after" in d or "think_end" in d):
+            d["think_open"] = self.think_open
         if self.images:
             d["images"] = self.images
         return d

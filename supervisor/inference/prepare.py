@@ -37,10 +37,10 @@ class Prepared:
     # With thinking on, the text that ends the thinking section: the runner holds the output
     # to `format` only after it (Ollama: think first, then the constrained answer).
     format_after: str | None = None
-    # With `format_after`: the text that opens the thinking section where the prompt did not
-    # open it; output that begins otherwise is held to `format` from its start (Ollama applies
-    # the format once the content begins, thinking or not).
-    format_open: str | None = None
+    # With thinking on, the text that opens the thinking section where the prompt did not
+    # open it: output that begins otherwise is not thinking, so a format holds from its start
+    # (Ollama applies the format once the content begins) and a budget never ends it.
+    think_open: str | None = None
     # With thinking on, that text whatever the format (a thinking budget's forced ending).
     think_end: str | None = None
     # The images the prompt's placeholders stand for, in order (as the request gave them;
@@ -108,7 +108,7 @@ class ChatPlan:
         return Prepared(self.record, self.runner_dir, prompt, self.options, parser,
                         format=self.fmt,
                         format_after=_format_after(renderer, prompt, self.think, self.fmt),
-                        format_open=_format_open(renderer, prompt, self.think, self.fmt),
+                        think_open=_think_open(renderer, prompt, self.think),
                         think_end=_format_after(renderer, prompt, self.think, True),
                         images=[x for m in messages for x in m.get("images") or []])
 
@@ -184,7 +184,7 @@ def prepare_generate(req: GenerateRequest, record: Any, store: Any,
                     add_special=add_special, context=list(req.context or []),
                     want_context=not req.raw, format=fmt,
                     format_after=_format_after(renderer, prompt, think, fmt),
-                    format_open=_format_open(renderer, prompt, think, fmt),
+                    think_open=_think_open(renderer, prompt, think),
                     images=list(req.images))
 
 
@@ -253,10 +253,10 @@ def _format_after(renderer: Renderer, prompt: str, think: Any, fmt: Any) -> str 
     return renderer.thinking_tags[1]
 
 
-def _format_open(renderer: Renderer, prompt: str, think: Any, fmt: Any) -> str | None:
-    """The thinking section's opening tag when the output may open one itself (the prompt
-    did not), with a format that waits for the thinking."""
-    if _format_after(renderer, prompt, think, fmt) is None or \
+def _think_open(renderer: Renderer, prompt: str, think: Any) -> str | None:
+    """The thinking section's opening tag when thinking is on and the output may open the
+    section itself (the prompt did not)."""
+    if not think or not renderer.thinking_tags or \
             prompt.rstrip().endswith(renderer.thinking_tags[0]):
         return None
     return renderer.thinking_tags[0]

@@ -214,7 +214,7 @@ class Service:
                                         logprobs=logprobs or top_logprobs > 0,
                                         top_logprobs=top_logprobs, format=p.format,
                                         format_after=p.format_after,
-                                        format_open=p.format_open, shift=shift,
+                                        think_open=p.think_open, shift=shift,
                                         images=images)
             if think_budget is not None and p.think_end:
                 request.think_budget, request.think_end = think_budget, p.think_end

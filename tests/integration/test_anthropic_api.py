@@ -241,3 +241,17 @@ def test_a_thinking_budget_ends_the_thinking_and_the_answer_follows(client, serv
     assert thought.type == "thinking" and answer.type == "text" and answer.text.strip()
     assert thought.thinking.strip() == free.content[0].thinking.strip()
     assert held.usage.output_tokens == 20
+
+
+def test_a_thinking_budget_forces_nothing_into_an_answer_that_did_not_think(client):
+    """The tiny model's template leaves the `<think>` to the model, and its first greedy
+    token is another: it answered without thinking, so there is no thinking to end (the
+    runner once wrote `</think>` into the answer at the budget)."""
+    free = client.messages.create(model="tiny", max_tokens=20, **GREEDY, messages=ASK,
+                                  thinking={"type": "enabled", "budget_tokens": 1024})
+    held = client.messages.create(model="tiny", max_tokens=20, **GREEDY, messages=ASK,
+                                  thinking={"type": "enabled", "budget_tokens": 6})
+    assert [b.type for b in free.content] == ["text"]  # no thinking opened
+    assert [b.type for b in held.content] == ["text"]
+    assert held.content[0].text == free.content[0].text
+    assert held.usage.output_tokens == free.usage.output_tokens == 20

@@ -184,10 +184,10 @@ def test_ollama_format_with_thinking_constrains_only_after_the_thinking(env):
         assert env.sent[-1].format == schema and env.sent[-1].format_after == "</think>"
         assert env.sent[-1].prompt.endswith("<|im_start|>assistant\n")
         # the model opens its thinking itself: output that does not is held at once
-        assert env.sent[-1].format_open == "<think>"
+        assert env.sent[-1].think_open == "<think>"
     post(env, "/api/chat", {"model": "m", "messages": USER, "format": schema, "think": False})
     assert env.sent[-1].format_after is None  # thinking off: constrained from the first token
-    assert env.sent[-1].format_open is None
+    assert env.sent[-1].think_open is None
     assert env.sent[-1].prompt.endswith("<think>\n\n</think>\n\n")
     post(env, "/api/generate", {"model": "m", "prompt": "hi", "format": "json"})
     assert env.sent[-1].format == "json"

@@ -35,6 +35,34 @@ def test_the_tag_in_the_prompt_does_not_count():
     assert budget.next_forced([90, 91, 10]) == 90
 
 
+OPEN = 89
+
+
+def test_output_that_opens_its_thinking_is_forced_at_the_budget():
+    budget = ThinkBudget(3, TAG, len(PROMPT), opening=OPEN)
+    out = [OPEN, 10, 11]
+    assert [budget.next_forced(PROMPT + out[:i]) for i in range(3)] == [None] * 3
+    assert budget.next_forced(PROMPT + out) == 90
+
+
+def test_output_that_does_not_open_its_thinking_is_never_forced():
+    budget = ThinkBudget(2, TAG, len(PROMPT), opening=OPEN)
+    out = [10, 11, 12, 13]  # an answer straight away: no thinking to end
+    assert [budget.next_forced(PROMPT + out[:i]) for i in range(5)] == [None] * 5
+
+
+def test_the_opening_tag_goes_on_the_wire_with_a_budget_or_a_format():
+    for extra in ({"think_budget": 8, "think_end": "</think>"},
+                  {"format": "json", "format_after": "</think>"}):
+        req = CompletionRequest.from_dict({"prompt": "x", "think_open": "<think>", **extra})
+        assert CompletionRequest.from_dict(req.to_dict()).think_open == "<think>"
+    alone = CompletionRequest.from_dict({"prompt": "x", "think_open": "<think>"})
+    assert alone.think_open is None and "think_open" not in alone.to_dict()
+    with pytest.raises(InvalidRequest):
+        CompletionRequest.from_dict({"prompt": "x", "think_open": 5, "format": "json",
+                                     "format_after": "</think>"})
+
+
 def test_the_wire_carries_both_fields_or_neither():
     req = CompletionRequest.from_dict({"prompt": "x", "think_budget": 8, "think_end": "</think>"})
     assert CompletionRequest.from_dict(req.to_dict()).think_budget == 8
