@@ -222,18 +222,15 @@ def compiler_for(tokenizer: Any, vocab_size: int) -> GrammarCompiler:
 
 def make_grammar(tokenizer: Any, vocab_size: int, fmt: Any, num_prompt: int,
                  format_after: str | None = None,
-                 think_open: str | None = None) -> GrammarProcessor:
+                 open_with: int | None = None) -> GrammarProcessor:
     """Compile `fmt` for a request whose prompt has `num_prompt` tokens, with its first mask
-    ready (or dormant until the output holds `format_after`'s tokens; with `think_open`,
-    dormant only if the output opens with it, where it is one token). Blocking (milliseconds;
-    about 1 s the first time per model): call it off the event loop. Raises InvalidRequest
-    for a format that does not compile."""
+    ready (or dormant until the output holds `format_after`'s tokens; with `open_with`, the
+    token that opens a thinking section, dormant only if the output opens with it).
+    Blocking (milliseconds; about 1 s the first time per model): call it off the event
+    loop. Raises InvalidRequest for a format that does not compile."""
     start_after = tokenizer.encode(format_after, add_special_tokens=False) if format_after \
         else None
-    opening = tokenizer.encode(think_open, add_special_tokens=False) if think_open else []
-    # (an opening of several tokens: dormant from the start, as without one)
     processor = GrammarProcessor(compiler_for(tokenizer, vocab_size).matcher(fmt), num_prompt,
-                                 vocab_size, start_after,
-                                 opening[0] if len(opening) == 1 else None)
+                                 vocab_size, start_after, open_with)
     processor.prepare([])
     return processor

@@ -151,17 +151,23 @@ def _check_token_ids(engine: Engine, tokens: list[int]) -> None:
         raise InvalidRequest(f"token id {bad} is out of range (vocabulary size {vocab})")
 
 
-async def _think_budget(engine: Engine, req: CompletionRequest,
-                        num_prompt: int) -> ThinkBudget | None:
+async def _opening_token(engine: Engine, req: CompletionRequest) -> int | None:
+    """The one token of the request's `think_open`, for its grammar and its budget; None
+    without one, or where the tag is several tokens (both then act as without it)."""
+    if not req.think_open:
+        return None
+    ids = await asyncio.get_running_loop().run_in_executor(
+        None, _encode, engine, req.think_open, False)
+    return ids[0] if len(ids) == 1 else None
+
+
+async def _think_budget(engine: Engine, req: CompletionRequest, num_prompt: int,
+                        opening: int | None) -> ThinkBudget | None:
     if req.think_budget is None or not req.think_end:
         return None
-    loop = asyncio.get_running_loop()
-    tag = await loop.run_in_executor(None, _encode, engine, req.think_end, False)
-    opening = await loop.run_in_executor(None, _encode, engine, req.think_open, False) \
-        if req.think_open else []
-    # (an opening of several tokens: forced as without one, whatever the output begins with)
-    return ThinkBudget(req.think_budget, tag, num_prompt,
-                       opening[0] if len(opening) == 1 else None) if tag else None
+    tag = await asyncio.get_running_loop().run_in_executor(
+        None, _encode, engine, req.think_end, False)
+    return ThinkBudget(req.think_budget, tag, num_prompt, opening) if tag else None
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -192,17 +198,17 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise ContextOverflow(
             f"input length ({len(tokens)} tokens) exceeds the context length ({num_ctx} tokens)")
     engine.check_fits(len(tokens))
-    grammar = None
+    grammar, opening = None, await _opening_token(engine, req)
     if req.format is not None:  # compiled here, so a bad schema is a 400, not a broken stream
         grammar = await asyncio.get_running_loop().run_in_executor(
             None, make_grammar, engine.loaded.tokenizer, engine.loaded.vocab_size, req.format,
-            len(tokens), req.format_after, req.think_open)
+            len(tokens), req.format_after, opening)
 
     outbox: asyncio.Queue = asyncio.Queue()
     seq = make_sequence(next(request.app[SEQ_IDS]), tokens, req.options, num_ctx, req.logprobs,
                         req.top_logprobs, outbox.put_nowait, grammar=grammar,
                         return_prompt_tokens=req.return_prompt_tokens, shift=req.shift,
-                        think_budget=await _think_budget(engine, req, len(tokens)),
+                        think_budget=await _think_budget(engine, req, len(tokens), opening),
                         vision=vision)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)

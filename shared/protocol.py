@@ -194,8 +194,8 @@ class CompletionRequest:
                    logprobs=bool(data.get("logprobs")) or top > 0, top_logprobs=top, format=fmt,
                    add_special=add_special,
                    return_prompt_tokens=bool(data.get("return_prompt_tokens")),
-                   format_after=after,
-                   think_open=opening if after or end else None, shift=shift, think_budget=budget, think_end=end)
+                   format_after=after, think_open=opening if after or end else None,
+                   shift=shift, think_budget=budget, think_end=end)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"options": self.options.to_dict()}

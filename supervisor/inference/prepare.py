@@ -256,10 +256,14 @@ def _format_after(renderer: Renderer, prompt: str, think: Any, fmt: Any) -> str 
 def _think_open(renderer: Renderer, prompt: str, think: Any) -> str | None:
     """The thinking section's opening tag when thinking is on and the output may open the
     section itself (the prompt did not)."""
-    if not think or not renderer.thinking_tags or \
-            prompt.rstrip().endswith(renderer.thinking_tags[0]):
+    if not think or not renderer.thinking_tags or _prompt_opens_thinking(renderer, prompt):
         return None
     return renderer.thinking_tags[0]
+
+
+def _prompt_opens_thinking(renderer: Renderer, prompt: str) -> bool:
+    """The template wrote the opening tag itself: the output starts inside the thinking."""
+    return prompt.rstrip().endswith(renderer.thinking_tags[0])
 
 
 def output_parser(renderer: Renderer, prompt: str, think: bool | None,
@@ -267,8 +271,8 @@ def output_parser(renderer: Renderer, prompt: str, think: bool | None,
     """`tools`: the tool-call parser for this request, if its output may hold calls."""
     thinking = None
     if think and renderer.thinking_tags:
-        opened = prompt.rstrip().endswith(renderer.thinking_tags[0])
-        thinking = ThinkingParser(renderer.thinking_tags, in_thinking=opened)
+        thinking = ThinkingParser(renderer.thinking_tags,
+                                  in_thinking=_prompt_opens_thinking(renderer, prompt))
     return OutputParser(thinking, tools)
 
 
