@@ -84,7 +84,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     from mlxr.runner.probe_verdicts import Verdicts, key as verdict_key, using as using_verdicts
     from mlxr.runner.tokenizer import load_tokenizer
     from mlxr.runner.vision.model import load_vision
-    from mlxr.runner.weights import ON_KERNEL, float32_on_cpu
+    from mlxr.runner.weights import EXPERTS_WIDE, ON_KERNEL, float32_on_cpu
     from mlxr.shared.vision import vision_family
 
     if is_encoder_dir(config.model_dir):
@@ -122,7 +122,8 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
                              host_kernel=config.host_attention and group is None
                              and not vision_family(model_config))
     widened = weights.startswith("float32 from")
-    kv_scale = kv_scale if widened or weights.endswith(ON_KERNEL) else 1.0
+    # (float32 experts make the layers after them float32: their keys and values too)
+    kv_scale = kv_scale if widened or weights.endswith((ON_KERNEL, EXPERTS_WIDE)) else 1.0
     if vision_family(model_config):
         vision = load_vision(config.model_dir, model, config.host_attention)
         if widened:

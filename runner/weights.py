@@ -18,6 +18,8 @@ Invariants:
   and 6-bit layers are held in 4 or 8 bits for it (runner/repack.py), exactly. That too
   only where the bytes it adds (`kernel_extra_bytes`) and the KV budget fit FREE_SHARE of
   the memory available. "on" still widens everything.
+- Whatever the setting, a mixture of experts' float layers are float32 on the CPU
+  (`widen_experts`): MLX's CPU expert product takes no other type.
 - Widening is exact for the stored values: a quantized layer becomes `mx.dequantize` of its
   arrays (mlx-lm's own `dequantize_model`), a 16-bit array its float32 image. Only the
   arithmetic after that is wider.
@@ -33,6 +35,7 @@ log = logging.getLogger("mlxr.runner")
 
 MODES = ("auto", "on", "off")
 ON_KERNEL = " on the quantized kernel"  # the status's words for widen_around_kernel's models
+EXPERTS_WIDE = ", experts in float32"  # and for a model only widen_experts widened
 FREE_SHARE = 0.75  # of psutil's available memory, for the extra weight bytes plus the KV budget
 
 
@@ -130,6 +133,22 @@ def widen(model) -> None:
     dequantize_model(model)
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
+
+
+def widen_experts(model) -> int:
+    """Make the float weights of `model`'s mixture-of-experts layers (mlx_lm's SwitchLinear)
+    float32, in place: MLX's CPU expert product (GatherMM) takes float32 only, so a bfloat16
+    mixture served as stored failed at its first token. Returns the layers widened."""
+    import mlx.core as mx
+    from mlx_lm.models.switch_layers import SwitchLinear
+
+    widened = 0
+    for _, module in model.named_modules():
+        if isinstance(module, SwitchLinear) and module.weight.dtype != mx.float32:
+            module.set_dtype(mx.float32)
+            mx.eval(module.parameters())
+            widened += 1
+    return widened
 
 
 def kernel_layers(model) -> list[str]:
@@ -237,8 +256,10 @@ def float32_on_cpu(model, mode: str, kv_budget: int, available: int,
     if agree is not None and agree(wide) != wide:
         wide, why = False, "another rank keeps the stored weights"
     if not wide:
-        log.info("weights: %s as stored (%s)", fp.stored_as, why)
-        return fp.stored_as
+        experts = widen_experts(model) if on_cpu else 0
+        log.info("weights: %s as stored (%s)%s", fp.stored_as, why,
+                 f"; {experts} layers of experts in float32" if experts else "")
+        return fp.stored_as + (EXPERTS_WIDE if experts else "")
     widen(model)
     log.info("weights: float32, widened from %s (%s): %.2f GiB, %.2f stored", fp.stored_as,
              why, fp.float32_bytes / 2**30, fp.stored_bytes / 2**30)

@@ -38,8 +38,10 @@ VOCAB_SIZE = 151680
 EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
 SMALL_VOCAB = 2048
 DTYPES = ("float32", "bfloat16")
-ARCH_NAMES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite")
+ARCH_NAMES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite",
+              "qwen3_moe")
 TOKENIZER_KIND = {"llama": "bpe", "qwen2": "bpe", "qwen3": "bpe", "granite": "bpe",
+                  "qwen3_moe": "bpe",
                   "mistral": "spm", "gemma2": "spm", "gemma3": "spm", "phi3": "spm"}
 
 
@@ -55,13 +57,19 @@ class Preset:
     description: str
     arch: str = "qwen3"
     vocab: int = VOCAB_SIZE  # SMALL_VOCAB: the small tokenizer of TOKENIZER_KIND[arch]
+    experts: int = 0  # a mixture of experts: experts a layer (0: one dense MLP)
+    experts_used: int = 0  # experts each token goes through
+    expert_intermediate: int = 0  # each expert's MLP width
 
 
-def _arch(arch: str, tied: bool, layers: int = 2, heads: int = 4, note: str = "") -> Preset:
+def _arch(arch: str, tied: bool, layers: int = 2, heads: int = 4, note: str = "",
+          experts: int = 0) -> Preset:
     head = "tied" if tied else "untied"
     text = (f"{arch} random model, {layers} layers, hidden 256, {SMALL_VOCAB:,}-token "
             f"{TOKENIZER_KIND[arch]} tokenizer, {head} head{note}")
-    return Preset(256, layers, heads, 2, 64, 512, tied, text, arch, SMALL_VOCAB)
+    # a mixture's experts are 256 wide (K-quant blocks), 2 of them for each token
+    moe = {"experts": experts, "experts_used": 2, "expert_intermediate": 256} if experts else {}
+    return Preset(256, layers, heads, 2, 64, 512, tied, text, arch, SMALL_VOCAB, **moe)
 
 
 PRESETS: dict[str, Preset] = {
@@ -89,6 +97,9 @@ PRESETS: dict[str, Preset] = {
     "phi3": _arch("phi3", False, note=", LongRoPE"),
     # Untied: with Granite's embedding multiplier (12) a tied head repeats the last token.
     "granite": _arch("granite", False, note=", Granite multipliers"),
+    # Qwen3's mixture of experts (Qwen3-30B-A3B's family): 8 experts a layer, 2 used a token.
+    "qwen3_moe": _arch("qwen3_moe", False, heads=8, note=", 8 experts (2 a token) a layer",
+                       experts=8),
     # A vision model (supervisor/store/random_vision.py writes it; these fields describe its
     # language part).
     "qwen2.5-vl": Preset(128, 2, 4, 2, 32, 256, False,
@@ -172,6 +183,9 @@ ARCH_SETTINGS: dict[str, dict[str, Any]] = {
              "original_max_position_embeddings": 4096, "sliding_window": None,
              "rope_scaling": {"type": "longrope", "long_factor": _long_factors(32),
                               "short_factor": [1.0 + i / 64 for i in range(32)]}},
+    "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "rope_theta": 1000000.0,
+                  "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True},
     "granite": {"architectures": ["GraniteForCausalLM"], "rope_theta": 10000.0,
                 "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
                 "attention_multiplier": 0.015625, "embedding_multiplier": 12.0,
@@ -182,6 +196,8 @@ ARCH_SETTINGS: dict[str, dict[str, Any]] = {
 
 def arch_config(preset: Preset, tokenizer, dtype: str) -> dict:
     """config.json of an architecture preset, for its small tokenizer."""
+    moe = {"num_experts": preset.experts, "num_experts_per_tok": preset.experts_used,
+           "moe_intermediate_size": preset.expert_intermediate} if preset.experts else {}
     return {
         "model_type": preset.arch,
         "hidden_size": preset.hidden,
@@ -194,6 +210,7 @@ def arch_config(preset: Preset, tokenizer, dtype: str) -> dict:
         "vocab_size": preset.vocab,
         "tie_word_embeddings": preset.tied,
         **ARCH_SETTINGS[preset.arch],
+        **moe,
         "torch_dtype": dtype,
         "bos_token_id": tokenizer.bos_id,
         "eos_token_id": list(tokenizer.eos_ids),
@@ -262,13 +279,21 @@ def _layer(p: Preset) -> list[tuple[str, tuple[int, ...], str]]:
     if p.arch == "qwen2":
         out += [(f"self_attn.{x}_proj.bias", (n,), _BIAS) for x, n in qkv]
     out.append(("self_attn.o_proj.weight", (h, p.heads * hd), _MATRIX))
-    if p.arch in ("qwen3", "gemma3"):
+    if p.arch in ("qwen3", "gemma3", "qwen3_moe"):
         out += [(f"self_attn.{x}_norm.weight", (hd,), _NORM) for x in ("q", "k")]
-    if p.arch == "phi3":  # fused gate/up
-        out.append(("mlp.gate_up_proj.weight", (2 * ff, h), _MATRIX))
+    if p.experts:  # a router, then each expert's MLP (Hugging Face's names)
+        eff = p.expert_intermediate
+        out.append(("mlp.gate.weight", (p.experts, h), _MATRIX))
+        for e in range(p.experts):
+            out += [(f"mlp.experts.{e}.{x}_proj.weight", (eff, h), _MATRIX)
+                    for x in ("gate", "up")]
+            out.append((f"mlp.experts.{e}.down_proj.weight", (h, eff), _MATRIX))
     else:
-        out += [(f"mlp.{x}_proj.weight", (ff, h), _MATRIX) for x in ("gate", "up")]
-    out.append(("mlp.down_proj.weight", (h, ff), _MATRIX))
+        if p.arch == "phi3":  # fused gate/up
+            out.append(("mlp.gate_up_proj.weight", (2 * ff, h), _MATRIX))
+        else:
+            out += [(f"mlp.{x}_proj.weight", (ff, h), _MATRIX) for x in ("gate", "up")]
+        out.append(("mlp.down_proj.weight", (h, ff), _MATRIX))
     norms = ["input_layernorm", "post_attention_layernorm"]
     if p.arch.startswith("gemma"):  # Gemma's norms around both sublayers
         norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]

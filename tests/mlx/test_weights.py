@@ -1,7 +1,8 @@
 """Widening a model's weights to float32 (runner/weights.py): what `footprint` measures for
 float32, bfloat16 and MLX 4-bit models, that `widen` leaves only float32 arrays and no
 quantized layers, and that the widened model computes what the stored one does (the same
-values, in wider arithmetic)."""
+values, in wider arithmetic); a bfloat16 mixture of experts served as stored has its experts
+in float32 (MLX's CPU expert product takes no other type)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load
 
-from mlxr.runner.weights import (ON_KERNEL, float32_on_cpu, footprint, kernel_layers, widen,
-                                 widen_around_kernel)
+from mlx_lm.models.switch_layers import SwitchLinear
+
+from mlxr.runner.weights import (EXPERTS_WIDE, ON_KERNEL, float32_on_cpu, footprint,
+                                 kernel_layers, widen, widen_around_kernel)
 from mlxr.supervisor.store.quantize import quantize_dir
 from mlxr.supervisor.store.random_model import write_random_model
 
@@ -94,6 +97,21 @@ def test_the_setting_decides_and_says_what_the_weights_are(models):
     assert float32_on_cpu(model, "auto", 0, 1 << 40) == "float32 from bfloat16"
     assert dtypes(model) == {mx.float32}
     assert float32_on_cpu(model, "auto", 0, 1 << 40) == "float32"
+
+
+def test_a_bfloat16_mixture_kept_as_stored_has_float32_experts_and_runs(tmp_path):
+    path = write_random_model(tmp_path / "moe", arch="qwen3_moe", dtype="bfloat16")
+    stored, _ = load(str(path))
+    with pytest.raises(RuntimeError, match="GatherMM"):  # what served it before
+        mx.eval(stored(PROMPT))
+    assert float32_on_cpu(stored, "off", 0, 1 << 40) == "bfloat16" + EXPERTS_WIDE
+    experts = [m for _, m in stored.named_modules() if isinstance(m, SwitchLinear)]
+    assert len(experts) == 6 and {m.weight.dtype for m in experts} == {mx.float32}
+    assert stored.model.embed_tokens.weight.dtype == mx.bfloat16  # the rest as stored
+    wide, _ = load(str(path))
+    assert float32_on_cpu(wide, "on", 0, 1 << 40) == "float32 from bfloat16"
+    a, b = stored(PROMPT)[0, -1].astype(mx.float32), wide(PROMPT)[0, -1]
+    assert (a @ b / mx.sqrt((a @ a) * (b @ b))).item() > 0.99  # the same model
 
 
 def test_ranks_that_do_not_all_agree_keep_the_stored_weights(models):

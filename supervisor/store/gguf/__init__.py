@@ -9,7 +9,8 @@ Modules, each small and numpy-first (mlx only where noted):
 - tokenizer.py  `tokenizer.ggml.*` metadata <-> a Hugging Face tokenizer.json and
                 tokenizer_config.json (the BPE "gpt2" kind and the SentencePiece "llama" kind).
 - arch.py       per architecture: GGUF tensor names and metadata <-> Hugging Face names and
-                config.json (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, granite),
+                config.json (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, granite,
+                qwen3moe),
                 with the tensor transforms llama.cpp's converter applies (q/k permutation,
                 Gemma's norm + 1) undone or redone.
 - convert.py    a GGUF file -> an MLX model directory (run as a child process).

@@ -3,7 +3,9 @@ weight names that mlx_lm loads, with the tensor transforms llama.cpp's converter
 
 Supported (GGUF `general.architecture` -> mlx_lm `model_type`): llama -> llama (Llama 2 and 3,
 and Mistral 7B / Nemo, whose GGUFs say "llama"), qwen2, qwen3, gemma2, gemma3 -> gemma3_text
-(text only: a multimodal file's vision tower is left out), phi3, granite.
+(text only: a multimodal file's vision tower is left out), phi3, granite, and qwen3moe ->
+qwen3_moe (Qwen3's mixtures of experts: each layer's experts are one 3-D tensor a projection,
+as mlx_lm's `switch_mlp` holds them).
 
 Invariants:
 - `hf_tensor_name` and `gguf_tensor_name` are inverses on every tensor mlx_lm loads; a GGUF
@@ -56,6 +58,9 @@ _GEMMA_BLOCK = {**_ATTENTION, **_MLP, "post_attention_norm": "post_attention_lay
 _PHI3_BLOCK = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj",
                "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
                "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
+# A mixture of experts: the router, and every expert's projection stacked (experts, out, in).
+_MOE = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
+        "ffn_up_exps": "mlp.switch_mlp.up_proj", "ffn_down_exps": "mlp.switch_mlp.down_proj"}
 _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # Tensors that carry rope settings, read by hf_config (pass them as `rope_tensors`).
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
@@ -89,6 +94,8 @@ SPECS: dict[str, ArchSpec] = {s.gguf: s for s in (
     ArchSpec("phi3", "phi3", "Phi3ForCausalLM", _PHI3_BLOCK, head_dim_derived=True),
     ArchSpec("granite", "granite", "GraniteForCausalLM", _PRE_NORM_BLOCK, permute_qk=True,
              head_dim_derived=True),
+    ArchSpec("qwen3moe", "qwen3_moe", "Qwen3MoeForCausalLM",
+             {**_ATTENTION, **_QK_NORM, **_MOE, "ffn_norm": "post_attention_layernorm"}),
 )}
 ARCHITECTURES: tuple[str, ...] = tuple(SPECS)
 _BY_MODEL_TYPE = {t: s for s in SPECS.values() for t in (s.model_type, *s.aliases)}
@@ -97,6 +104,7 @@ _GGUF_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _GGUF_GLOBAL = re.compile(r"(\w+)\.(weight|bias)")
 _HF_BLOCK = re.compile(r"model\.layers\.(\d+)\.([\w.]+)\.(weight|bias)")
 _HF_GLOBAL = re.compile(r"(model\.embed_tokens|model\.norm|lm_head)\.(weight|bias)")
+_HF_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp)\.experts\.(\d+)\.(\w+_proj)\.weight")
 _HF_QK = re.compile(r"model\.layers\.\d+\.self_attn\.([qk])_proj\.(weight|bias|scales|biases)")
 
 
@@ -146,6 +154,26 @@ def gguf_tensor_name(arch: str, hf_name: str) -> str:
         stem = next(k for k, v in _GLOBAL.items() if v == m.group(1))
         return f"{stem}.{m.group(2)}"
     raise UnsupportedArchitecture(f'weight "{hf_name}" has no GGUF name for {arch}')
+
+
+def stack_experts(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Hugging Face's weights of a mixture, one tensor per expert and projection
+    (`model.layers.L.mlp.experts.E.gate_proj.weight`), as mlx_lm and GGUF hold them: one
+    (experts, out, in) tensor a projection (`...mlp.switch_mlp.gate_proj.weight`). Other
+    weights pass as they are."""
+    out: dict[str, np.ndarray] = {}
+    experts: dict[str, dict[int, np.ndarray]] = {}
+    for name, x in tensors.items():
+        if m := _HF_EXPERT.fullmatch(name):
+            mlp, e, proj = m.groups()
+            experts.setdefault(f"{mlp}.switch_mlp.{proj}.weight", {})[int(e)] = x
+        else:
+            out[name] = x
+    for name, by_index in experts.items():
+        if sorted(by_index) != list(range(len(by_index))):
+            raise UnsupportedArchitecture(f"{name}: experts {sorted(by_index)} are not 0..n-1")
+        out[name] = np.stack([by_index[e] for e in range(len(by_index))])
+    return out
 
 
 # -- tensor values -----------------------------------------------------------------------
@@ -285,7 +313,9 @@ def hf_config(kv: Mapping[str, Any], *, vocab_size: int, tied: bool,
         "model_type": s.model_type,
         "hidden_size": hidden,
         "num_hidden_layers": int(p.scalar("block_count")),
-        "intermediate_size": int(p.scalar("feed_forward_length")),
+        # (a mixture's file may give only its experts' width)
+        "intermediate_size": int(p.scalar("feed_forward_length",
+                                          p.get("expert_feed_forward_length"))),
         "num_attention_heads": heads,
         "num_key_value_heads": int(p.scalar("attention.head_count_kv", heads)),
         "head_dim": head_dim,
@@ -430,8 +460,25 @@ def _phi3(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str])
         config["rope_scaling"] = {"type": "linear", "factor": scaling["factor"]}
 
 
+def _qwen3moe(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str]) -> None:
+    """llama.cpp's qwen3moe: every layer a mixture (no shared expert), the chosen experts'
+    weights renormalised to sum to 1 (mlx_lm's norm_topk_prob)."""
+    _qwen(config, p, rope, names)
+    experts, used = int(p.scalar("expert_count")), int(p.scalar("expert_used_count"))
+    if not 1 <= used <= experts:
+        raise UnsupportedArchitecture(f"qwen3moe with {used} of {experts} experts a token")
+    if p.get("expert_shared_count") or p.get("expert_shared_feed_forward_length"):
+        raise UnsupportedArchitecture("qwen3moe with shared experts")
+    if float(p.get("expert_weights_scale", 0.0)) not in (0.0, 1.0):
+        raise UnsupportedArchitecture("qwen3moe with expert_weights_scale "
+                                      f"{p.get('expert_weights_scale')}")
+    config.update({"num_experts": experts, "num_experts_per_tok": used,
+                   "moe_intermediate_size": int(p.scalar("expert_feed_forward_length")),
+                   "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True})
+
+
 _EXTRA = {"llama": _llama, "qwen2": _qwen, "qwen3": _qwen, "gemma2": _gemma2,
-          "gemma3": _gemma3, "phi3": _phi3, "granite": _granite}
+          "gemma3": _gemma3, "phi3": _phi3, "granite": _granite, "qwen3moe": _qwen3moe}
 
 
 # -- the inverse: config.json -> GGUF metadata, for writing GGUF files --------------------
@@ -558,6 +605,18 @@ def _write_phi3(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) -> N
         _write_rope_scaling(kv, a, config)
 
 
+def _write_qwen3moe(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) -> None:
+    if config.get("mlp_only_layers") or int(config.get("decoder_sparse_step", 1)) != 1:
+        raise UnsupportedArchitecture("qwen3_moe with dense layers has no GGUF form here")
+    if not config.get("norm_topk_prob", False):
+        raise UnsupportedArchitecture("qwen3_moe without norm_topk_prob: llama.cpp's "
+                                      "qwen3moe always renormalises the experts' weights")
+    kv[f"{a}.expert_count"] = int(config["num_experts"])
+    kv[f"{a}.expert_used_count"] = int(config["num_experts_per_tok"])
+    kv[f"{a}.expert_feed_forward_length"] = int(config["moe_intermediate_size"])
+    _write_rope_scaling(kv, a, config)
+
+
 _WRITE_EXTRA = {"llama": _write_llama, "qwen2": _write_plain, "qwen3": _write_plain,
                 "gemma2": _write_gemma2, "gemma3": _write_gemma3, "phi3": _write_phi3,
-                "granite": _write_granite}
+                "granite": _write_granite, "qwen3moe": _write_qwen3moe}

@@ -29,7 +29,9 @@ _HPARAMS = {"block_count": "num_hidden_layers", "embedding_length": "hidden_size
             "attention.head_count_kv": "num_key_value_heads",
             "attention.key_length": "head_dim", "attention.value_length": "head_dim",
             "attention.head_dim": "head_dim",
-            "context_length": "max_position_embeddings", "vocab_size": "vocab_size"}
+            "context_length": "max_position_embeddings", "vocab_size": "vocab_size",
+            "expert_feed_forward_length": "moe_intermediate_size",
+            "expert_count": "num_experts", "expert_used_count": "num_experts_per_tok"}
 # Other integers, and their ranges (a sliding window of 0 is none):
 _COUNTS = {"rope.dimension_count": (1, 1 << 14),
            "rope.scaling.original_context_length": (1, 1 << 26),
@@ -37,7 +39,7 @@ _COUNTS = {"rope.dimension_count": (1, 1 << 14),
            "attention.sliding_window_pattern": (1, 1 << 12)}
 # Finite numbers; the first three also positive (divided by, or raised to a power):
 _POSITIVE = ("rope.freq_base", "rope.freq_scale", "rope.scaling.factor")
-_NUMBERS = (*_POSITIVE, "rope.global.freq_base", "rope.freq_base_swa", "rope.local.freq_base",
+_NUMBERS = (*_POSITIVE, "expert_weights_scale", "rope.global.freq_base", "rope.freq_base_swa", "rope.local.freq_base",
             "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
             "rope.scaling.beta_fast", "rope.scaling.beta_slow",
             "attention.layer_norm_rms_epsilon", "attention.scale", "embedding_scale",
@@ -49,20 +51,26 @@ _PER_LAYER = ("feed_forward_length", "attention.head_count", "attention.head_cou
               "attention.layer_norm_rms_epsilon", "attention.sliding_window_pattern")
 MAX_TOKEN_CHARS = 4096  # a vocabulary entry (real ones are at most a few hundred)
 _MATRICES = ("token_embd.weight", "output.weight")  # (vocab, hidden)
+_EXPERTS = ".switch_mlp."  # in the mlx_lm name of a mixture's stacked experts: 3 dimensions
 _BLOCK_INDEX = re.compile(r"blk\.(\d+)\.")
 
 
 def check_tensor(file_name: str, t: TensorInfo, hf_name: str | None,
                  layers: int | None) -> None:
     """A tensor has the dimensions its role needs (the embedding and output: a matrix; a
-    weight or rope table: 1 or 2) and, in a block, a layer index under the layer count."""
+    mixture's experts: 3; any other weight or rope table: 1 or 2) and, in a block, a layer
+    index under the layer count."""
     if layers and (m := _BLOCK_INDEX.match(t.name)) and int(m.group(1)) >= layers:
         raise InvalidModelFile(f'{file_name}: tensor "{t.name}" is past the file\'s {layers} '
                                "layers (block_count)")
     if t.name in _MATRICES and len(t.shape) != 2:
         raise InvalidModelFile(f'{file_name}: tensor "{t.name}" has shape {t.shape}: a matrix '
                                "expected")
-    if (hf_name or t.name in ROPE_TENSORS) and len(t.shape) not in (1, 2):
+    if hf_name and _EXPERTS in hf_name:
+        if len(t.shape) != 3:
+            raise InvalidModelFile(f'{file_name}: tensor "{t.name}" has shape {t.shape}: 3 '
+                                   "dimensions (experts, rows, columns) expected")
+    elif (hf_name or t.name in ROPE_TENSORS) and len(t.shape) not in (1, 2):
         raise InvalidModelFile(f'{file_name}: tensor "{t.name}" has shape {t.shape}: 1 or 2 '
                                "dimensions expected")
 

@@ -171,8 +171,9 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
                 progress(done, total)
             continue
         shape = t.shape
+        matrix = len(shape) == 2 or (len(shape) == 3 and ".switch_mlp." in hf)  # 3: experts
         out = quants.to_mlx(t.ggml_type, gguf.data(t), shape, t.name,
-                            quantize=not dequantize and hf.endswith(".weight") and len(shape) == 2)
+                            quantize=not dequantize and hf.endswith(".weight") and matrix)
         order = arch.row_order(name, hf, config)
         if order is not None and len(order) != shape[0]:  # q/k rows are heads x head size
             raise InvalidModelFile(f'{src.name}: tensor "{t.name}" has {shape[0]} rows where '

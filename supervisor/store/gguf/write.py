@@ -5,9 +5,11 @@ benchmarks can make GGUF models from the random models nothing needs to download
 Tensor types, by the file type asked for (as llama.cpp picks them): 1-D tensors stay F32; a
 2-D tensor whose rows do not divide into the type's blocks falls back to F16 (F32 on "F32").
 "Q4_K_M" stores as Q6_K what llama.cpp's quantizer does: the output projection (the token
-embedding where the head is tied to it), and attn_v and ffn_down in the layers `_more_bits`
-picks (the first and last eighth, every third between); every other matrix as Q4_K. "Q4_K"
-uses Q4_K throughout, "Q6_K" Q6_K.
+embedding where the head is tied to it), and attn_v and ffn_down (a mixture's ffn_down_exps)
+in the layers `_more_bits` picks (the first and last eighth, every third between); every
+other matrix as Q4_K. "Q4_K" uses Q4_K throughout, "Q6_K" Q6_K. A mixture's router
+(`ffn_gate_inp`) stays F32, as llama.cpp's quantizer leaves it; its experts are 3-D tensors,
+quantized row by row like matrices.
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ def _tensor_type(file_type: str, gguf_name: str, shape: tuple[int, ...], layers:
     embedding of a tied model), `layers`: the model's layer count."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-    if len(shape) < 2:
+    if len(shape) < 2 or gguf_name.endswith(".ffn_gate_inp.weight"):
         return T.F32
     if file_type == "Q4_K_M":
         parts = gguf_name.split(".")
         wider = gguf_name == head or (
-            len(parts) == 4 and parts[0] == "blk" and parts[2] in ("attn_v", "ffn_down")
+            len(parts) == 4 and parts[0] == "blk"
+            and parts[2] in ("attn_v", "ffn_down", "ffn_down_exps")
             and _more_bits(int(parts[1]), layers))
         wanted = T.Q6_K if wider else T.Q4_K
     else:
@@ -71,11 +74,15 @@ def _encode(x: np.ndarray, ggml_type) -> tuple[np.ndarray, Any]:
         return x.astype(np.float32), None
     if ggml_type == T.F16:
         return x.astype(np.float16), None
+    # (a mixture's experts are (experts, rows, columns): quantized as rows, kept 3-D)
+    rows = x.reshape(-1, x.shape[-1])
     if ggml_type == T.Q4_K:
-        return quants.quantize_q4_k(x), ggml_type
-    if ggml_type == T.Q6_K:
-        return quants.quantize_q6_k(x), ggml_type
-    return gq.quantize(x, ggml_type), ggml_type
+        data = quants.quantize_q4_k(rows)
+    elif ggml_type == T.Q6_K:
+        data = quants.quantize_q6_k(rows)
+    else:
+        data = gq.quantize(rows, ggml_type)
+    return data.reshape(*x.shape[:-1], -1), ggml_type
 
 
 def _add_kv(writer, key: str, value: Any) -> None:
@@ -122,7 +129,7 @@ def write_gguf(model_dir: Path, dest: Path, file_type: str = "F16") -> Path:
     for key, value in kv.items():
         if key != "general.architecture":
             _add_kv(writer, key, value)
-    tensors = _load_float32(model_dir)
+    tensors = arches.stack_experts(_load_float32(model_dir))
     names = {arches.gguf_tensor_name(arch, hf_name) for hf_name in tensors}
     head = "output.weight" if "output.weight" in names else "token_embd.weight"
     layers = int(config.get("num_hidden_layers", 0))

@@ -41,10 +41,17 @@ def test_every_weight_name_round_trips_and_is_llama_cpps_name(name):
     config = config_of(name)
     arch, _, _ = to_gguf(config)
     llama_cpp = gguf.get_tensor_name_map(GGUF_ARCH[arch], config["num_hidden_layers"])
-    for hf, _, _ in tensor_plan(PRESETS[name]):
+    # (a mixture's experts, one weight each, are stacked as mlx_lm's switch_mlp holds them:
+    # llama.cpp's converter calls its stacked tensors mlp.experts.*)
+    plan = A.stack_experts({hf: np.zeros(shape[:1]) for hf, shape, _ in tensor_plan(PRESETS[name])})
+    for hf in plan:
         g = A.gguf_tensor_name(arch, hf)
         assert A.hf_tensor_name(arch, g) == hf
-        assert llama_cpp.get_name(hf, try_suffixes=(".weight", ".bias")) == g, hf
+        assert llama_cpp.get_name(hf.replace(".switch_mlp.", ".experts."),
+                                  try_suffixes=(".weight", ".bias")) == g, hf
+    stacked = [hf for hf in plan if ".switch_mlp." in hf]
+    assert len(stacked) == (3 * config["num_hidden_layers"] if "num_experts" in config else 0)
+    assert all(len(plan[hf]) == config["num_experts"] for hf in stacked)
 
 
 @pytest.mark.parametrize("arch", A.ARCHITECTURES)
@@ -146,6 +153,8 @@ EXTRA = {
     "phi3": ("original_max_position_embeddings", "sliding_window"),
     "granite": ("attention_multiplier", "embedding_multiplier", "residual_multiplier",
                 "logits_scaling", "attention_bias", "mlp_bias"),
+    "qwen3_moe": ("head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                  "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"),
 }
 
 
