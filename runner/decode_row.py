@@ -66,7 +66,8 @@ class DecodeRow:
              attend: AttendKernel | None) -> "DecodeRow | None":
         """The step for `body` (a HostBody whose linears are bound), or None where it does
         not apply. `sgemv`: the OpenBLAS `cblas_sgemv` the body's float32 products use."""
-        if attend is None or attend.decode is None or body.rope_tables is None:
+        if attend is None or attend.decode is None or body.rope_tables is None or \
+                any(layer.experts is not None for layer in body.layers):  # (a dense MLP's)
             return None
         if attend.decode_layout != LAYOUT:
             log.warning("the decode kernel's table (%s) is not this code's (%s); decoding "

@@ -15,7 +15,8 @@ Used only when all of these hold, else `HostBody.find` returns None and nothing 
 - the default device is the CPU and every weight the body reads is a float32 array;
 - the model has the shape this code computes (`_Layer.of`): embeddings; layers of RMS norm,
   attention with q/k/v/o projections (biases and per-head q/k RMS norms allowed) and one RoPE
-  that is the same in every layer, RMS norm, gated MLP; a final RMS norm;
+  that is the same in every layer, RMS norm, gated MLP or mlx_lm's mixture of gated experts
+  (runner/host_moe.py); a final RMS norm;
 - on a probe, its hidden states match the model's own decode step (`matches`), which catches
   what the shape does not say (another activation, a scaled embedding, a norm's offset).
 
@@ -39,6 +40,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlxr.runner import probe_verdicts
 from mlxr.runner.decode_row import DecodeRow
 from mlxr.runner.host_head import NO_TRANS, ROW_MAJOR, openblas_sgemm, openblas_sgemv
+from mlxr.runner.host_moe import Experts
 from mlxr.runner.host_ops import Gemm, RopeTables
 from mlxr.runner.host_swiglu import silu_times
 from mlxr.runner.kv.attend_kernel import AttendKernel
@@ -104,11 +106,27 @@ class _Layer:
     kv_heads: int
     scale: float
     mlp_norm: tuple
-    gate: tuple
-    up: tuple
-    down: tuple
+    gate: tuple | None  # the gated MLP's; None where the layer has experts
+    up: tuple | None
+    down: tuple | None
+    experts: Experts | None = None
 
     LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
+
+    def linears(self) -> list[tuple]:
+        """Every (weight, bias) linear the layer reads, its experts' included."""
+        own = [getattr(self, name) for name in self.LINEARS if getattr(self, name) is not None]
+        if self.experts is None:
+            return own
+        e = self.experts
+        return own + [e.router] + e.gate + e.up + e.down
+
+    def mlp_rows(self, x: np.ndarray, gemm: Gemm) -> np.ndarray:
+        """The MLP's output for rows x (n, hidden)."""
+        if self.experts is not None:
+            return self.experts.rows(x, gemm)
+        return gemm.linear(silu_times(gemm.linear(x, self.gate), gemm.linear(x, self.up)),
+                           self.down)
 
     @classmethod
     def of(cls, layer) -> "_Layer | None":
@@ -118,11 +136,16 @@ class _Layer:
         parts = dict(
             attn_norm=_norm(getattr(layer, "input_layernorm", None)),
             mlp_norm=_norm(getattr(layer, "post_attention_layernorm", None)),
-            **{name: _linear(getattr(attn, f"{name}_proj", None)) for name in "qkvo"},
-            **{name: _linear(getattr(mlp, f"{name}_proj", None))
-               for name in ("gate", "up", "down")})
+            **{name: _linear(getattr(attn, f"{name}_proj", None)) for name in "qkvo"})
+        if hasattr(mlp, "switch_mlp"):  # a mixture of experts
+            parts["experts"] = Experts.of(mlp, _linear(getattr(mlp, "gate", None)))
+        else:
+            parts.update({name: _linear(getattr(mlp, f"{name}_proj", None))
+                          for name in ("gate", "up", "down")})
         if any(p is None for p in parts.values()):
             return None
+        if "experts" in parts:
+            parts.update(gate=None, up=None, down=None)
         norms = {}
         for name in ("q_norm", "k_norm"):
             module = getattr(attn, name, None)
@@ -255,9 +278,11 @@ class HostBody:
         self.quantized = quant is not None  # some weights are read by the quantized kernel
         self._project = _Products(openblas_sgemv(library), quant)
         bind = self._project.bind
-        self.layers = [dataclasses.replace(layer, **{name: bind(getattr(layer, name))
-                                                     for name in _Layer.LINEARS})
-                       for layer in layers]
+        self.layers = [dataclasses.replace(
+            layer, experts=None if layer.experts is None else layer.experts.bind(bind),
+            **{name: bind(getattr(layer, name)) for name in _Layer.LINEARS
+               if getattr(layer, name) is not None})
+            for layer in layers]
         self.norm = norm
         self.rotations = rotations
         self.head_dim = layers[0].q[0].shape[0] // layers[0].heads
@@ -297,8 +322,7 @@ class HostBody:
         kernel = kernel if isinstance(kernel, RowKernel) else None  # not the head's quantized one
         quant = None
         if isinstance(table, QuantizedWeight) or any(
-                isinstance(getattr(p, name)[0], QuantizedWeight)
-                for p in parsed for name in _Layer.LINEARS):
+                isinstance(linear[0], QuantizedWeight) for p in parsed for linear in p.linears()):
             quant = QuantKernel.load()
             if quant is None:
                 return None
@@ -381,9 +405,7 @@ class HostBody:
                     attended[j] = self._attend(q[j], row.keys[i], row.values[i],
                                                group).reshape(-1)
             h = h + gemm.linear(attended, layer.o)
-            x = rms_norm(h, layer.mlp_norm)
-            h = h + gemm.linear(silu_times(gemm.linear(x, layer.gate),
-                                           gemm.linear(x, layer.up)), layer.down)
+            h = h + layer.mlp_rows(rms_norm(h, layer.mlp_norm), gemm)
         return rms_norm(h, self.norm)
 
     def _attend(self, q: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray],
@@ -421,6 +443,9 @@ class HostBody:
                                     layer.heads // layer.kv_heads)
             h = h + self._project(attended.reshape(-1), layer.o)
             x = rms_norm(h, layer.mlp_norm)
+            if layer.experts is not None:
+                h = h + layer.experts.row(x, self._project)
+                continue
             mixed = silu_times(self._project(x, layer.gate), self._project(x, layer.up))
             h = h + self._project(mixed, layer.down)
         return rms_norm(h, self.norm)

@@ -32,7 +32,6 @@ import numpy as np
 
 from mlxr.runner import probe_verdicts
 from mlxr.runner.host_body import HostBody, rms_norm
-from mlxr.runner.host_swiglu import silu_times
 from mlxr.runner.kv.host_attention import future_mask, softmax_rows
 
 log = logging.getLogger("mlxr.runner")
@@ -150,9 +149,7 @@ class HostPrefill:
                                              c.values[i], layer.scale, n))
             attended = attended[0] if len(attended) == 1 else np.concatenate(attended)
             h = h + gemm.linear(attended, layer.o)
-            x = rms_norm(h, layer.mlp_norm)
-            h = h + gemm.linear(silu_times(gemm.linear(x, layer.gate),
-                                           gemm.linear(x, layer.up)), layer.down)
+            h = h + layer.mlp_rows(rms_norm(h, layer.mlp_norm), gemm)
         return rms_norm(h, body.norm)
 
     def hidden_states(self, tokens: list[int], chunk: int) -> np.ndarray:

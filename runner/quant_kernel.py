@@ -93,10 +93,27 @@ class QuantizedWeight:
     def of(cls, module) -> "QuantizedWeight | None":
         """The weight of an MLX QuantizedLinear or QuantizedEmbedding the kernel takes, else
         None (another mode, bit count or group size, or scales not float32)."""
-        import mlx.core as mx
-
         if not takes(module):
             return None
+        return cls._of_arrays(module)
+
+    @classmethod
+    def stacked(cls, module) -> "list[QuantizedWeight] | None":
+        """One weight an expert, views into a QuantizedSwitchLinear's stacked arrays
+        (`takes_stacked`), else None (scales not float32)."""
+        if not takes_stacked(module):
+            return None
+        whole = cls._of_arrays(module)
+        if whole is None:
+            return None
+        return [cls(whole.q[e], whole.scales[e], whole.biases[e], whole.bits, whole.group,
+                    whole.keep) for e in range(whole.q.shape[0])]
+
+    @classmethod
+    def _of_arrays(cls, module) -> "QuantizedWeight | None":
+        """A weight as stored in `module`'s arrays (2-D, or 3-D for stacked experts)."""
+        import mlx.core as mx
+
         weight, scales, biases = module.weight, module.scales, module.get("biases")
         if not isinstance(biases, mx.array) or weight.dtype != mx.uint32 or \
                 scales.dtype != mx.float32 or biases.dtype != mx.float32:
@@ -105,7 +122,7 @@ class QuantizedWeight:
         mx.eval(weight, scales, biases)
         q = np.asarray(weight).view(np.uint8)
         s, b = np.asarray(scales), np.asarray(biases)
-        if q.shape[1] * 8 // bits != s.shape[1] * group or not all(
+        if q.shape[-1] * 8 // bits != s.shape[-1] * group or not all(
                 a.flags.c_contiguous for a in (q, s, b)):
             return None
         return cls(q, s, b, bits, group, (weight, scales, biases))
@@ -130,6 +147,16 @@ def takes(module) -> bool:
         return False
     return getattr(module, "mode", "affine") == "affine" and module.bits in BITS and \
         module.group_size in GROUPS and module.weight.ndim == 2
+
+
+def takes_stacked(module) -> bool:
+    """Is `module` a mixture's stacked experts (mlx_lm's QuantizedSwitchLinear) whose layout
+    the kernel takes an expert at a time (its scales' dtype aside)?"""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    return isinstance(module, QuantizedSwitchLinear) and \
+        getattr(module, "mode", "affine") == "affine" and module.bits in BITS and \
+        module.group_size in GROUPS and module.weight.ndim == 3
 
 
 def kernel_layout(x: np.ndarray, bits: int, lanes: int) -> np.ndarray:

@@ -154,11 +154,11 @@ def widen_experts(model) -> int:
 def kernel_layers(model) -> list[str]:
     """The names of `model`'s quantized layers whose layout the quantized kernel takes
     (runner/quant_kernel.py), as stored or repacked (runner/repack.py)."""
-    from mlxr.runner.quant_kernel import takes
+    from mlxr.runner.quant_kernel import takes, takes_stacked
     from mlxr.runner.repack import repackable
 
     return [name for name, module in model.named_modules()
-            if takes(module) or repackable(module)]
+            if takes(module) or takes_stacked(module) or repackable(module)]
 
 
 def kernel_extra_bytes(model) -> int:
@@ -168,14 +168,14 @@ def kernel_extra_bytes(model) -> int:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from mlxr.runner.quant_kernel import takes
+    from mlxr.runner.quant_kernel import takes, takes_stacked
     from mlxr.runner.repack import WIDER, repackable
 
     extra = 0
     layers = _quantized(model)
     seen = _ids(layers)
     for module, bits, arrays in layers:
-        if takes(module) or repackable(module):
+        if takes(module) or takes_stacked(module) or repackable(module):
             extra += sum(a.size * 4 - a.nbytes for a in arrays[1:])
             if repackable(module):
                 extra += module.weight.nbytes * (WIDER[bits] - bits) // bits

@@ -1,6 +1,7 @@
 """A decode step's body in numpy (runner/host_body.py): which architectures take it, mlx-lm's
-greedy tokens for one and two rows (also rows reading a shared prefix), the keys and values it
-writes into the rows' arrays equal to MLX's, and no host body where it must not run."""
+greedy tokens for one and two rows (also rows reading a shared prefix, and a mixture of
+experts quantized as a GGUF import is), the keys and values it writes into the rows' arrays
+equal to MLX's, and no host body where it must not run."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from mlxr.runner.architectures import fix_model
 from mlxr.runner.host_body import HostBody, _Bound
 from mlxr.runner.kv import rows
 from mlxr.runner.kv.pool import KVPool
+from mlxr.runner.quant_kernel import QuantizedWeight
 from mlxr.runner.model_step import split_model
 from mlxr.supervisor.store.random_model import ARCH_NAMES, write_random_model
 from tests.mlx.test_heads import probed_blas
 from tests.mlx.test_host_attention import _Seq, mlx_lm_greedy
 
-TAKES_IT = {"llama", "mistral", "qwen2", "qwen3"}
+TAKES_IT = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"}
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +140,30 @@ def test_no_host_body_for_16_bit_weights_or_quantized_ones_the_kernel_does_not_t
     model, _ = load(str(write_random_model(tmp_path / "q", preset="tiny")))
     nn.quantize(model, group_size=32, bits=6)
     assert HostBody.find(model) is None
+
+
+def test_a_quantized_mixture_reads_its_chosen_experts_on_the_kernel(tmp_path):
+    # 4 bits in groups of 32 with float32 scales, as a GGUF Q4_K import holds its experts;
+    # mlx-lm's reference reads them through MLX's own gather_qmm
+    model, _, config = load(str(write_random_model(tmp_path / "moe", arch="qwen3_moe")),
+                            return_config=True)
+    nn.quantize(model, group_size=32, bits=4)
+    fix_model(model, config)
+    rows.install(model)
+    body = HostBody.find(model)
+    assert body is not None
+    experts = body.layers[0].experts
+    assert len(experts.gate) == 8 and experts.top_k == 2
+    assert all(isinstance(w, QuantizedWeight) and w.shape == (256, 256)
+               for w, _ in experts.gate + experts.up + experts.down)
+    prompts = [[(7 * i + 3 * k) % 500 + 2 for i in range(n)] for k, n in enumerate((40, 75, 9))]
+    for batch in ([prompts[0]], prompts[:2]):  # one row, two rows (row by row)
+        got, _, _ = host_greedy(model, body, batch, steps=8)
+        assert got == [mlx_lm_greedy(model, p, 8) for p in batch]
+    assert 0 < len(experts._bound) <= 3 * 8  # each expert bound when first chosen
+    batched = _Batched(body)  # three rows: each expert's rows through the kernel at once
+    got, _, _ = host_greedy(model, batched, prompts, steps=6)
+    assert batched.calls == 5 and got == [mlx_lm_greedy(model, p, 6) for p in prompts]
 
 
 def test_no_host_body_off_the_cpu(arch_models, monkeypatch):
