@@ -58,7 +58,9 @@ SPLIT_ELEMENTS = 1 << 17  # smaller weights are one thread's work (a hand-off co
 SUPER_GROUPS = 8  # groups of 32 in a super-block: a Q4_K block's 256 weights
 _FUNCTIONS = ["mlxr_quant_rows_parts", "mlxr_quant_width", "mlxr_quant_use_width",
               "mlxr_quant_dequantize", "mlxr_parts", "mlxr_quant_super_parts",
-              "mlxr_quant_factored", "mlxr_quant_repack"]
+              "mlxr_quant_factored", "mlxr_quant_repack", "mlxr_quant_many"]
+ITEM_FIELDS = 11  # `QuantKernel.item`'s fields (shared/assets/quant_kernel.c `many_item`)
+ITEM_X, ITEM_OUT = 3, 4  # the fields of an item's row and output addresses
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,11 +208,12 @@ def lanes_for(rows: int) -> int:
 
 class QuantKernel:
     def __init__(self, fn, width: int, dequantize, use_width, parts=None, super_parts=None,
-                 factored=None, repack=None):
+                 factored=None, repack=None, many=None):
         self.rows_parts = fn  # mlxr_quant_rows_parts (also runner/decode_row.py's products)
         self.super_parts = super_parts  # mlxr_quant_super_parts: one row, `SuperScales`
         self._factored = factored  # mlxr_quant_factored: finds `SuperScales`
         self._repack = repack  # mlxr_quant_repack: runner/repack.py's wider fields
+        self._many = many  # mlxr_quant_many: several one-row products in one call
         self._dequantize = dequantize
         self._use_width = use_width
         self.width = width  # floats a vector on this CPU: 16, 8 or 4
@@ -241,7 +244,7 @@ class QuantKernel:
 
     @classmethod
     def _of(cls, fn, width, use_width, dequantize, parts, super_parts, factored,
-            repack) -> "QuantKernel":
+            repack, many) -> "QuantKernel":
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
@@ -265,7 +268,10 @@ class QuantKernel:
         repack.restype = ctypes.c_int
         repack.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_long,
                            ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-        return cls(fn, width(), dequantize, use_width, parts, super_parts, factored, repack)
+        many.restype = ctypes.c_int
+        many.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        return cls(fn, width(), dequantize, use_width, parts, super_parts, factored, repack,
+                   many)
 
     def dequantize(self, weight: QuantizedWeight, out: np.ndarray) -> None:
         """out (out, in), C-contiguous float32 = the weight's values, as `mx.dequantize`
@@ -333,6 +339,27 @@ class QuantKernel:
                         host_parallel.workers()) != 0:
             raise ValueError(f"cannot repack {bits} bits into {wide}")
         return out
+
+    def item(self, weight: QuantizedWeight) -> np.ndarray:
+        """`many`'s description of one row's product with `weight` as `one_row` makes it
+        (ITEM_FIELDS int64; its row's and output's addresses, ITEM_X and ITEM_OUT, left 0).
+        The caller keeps `weight` alive while the item is used."""
+        width, depth = weight.shape
+        if weight.supers is not None:
+            return np.array([weight.q.ctypes.data, weight.supers.codes.ctypes.data,
+                             weight.supers.factors.ctypes.data, 0, 0, depth, width,
+                             weight.bits, weight.group, 1, 1], dtype=np.int64)
+        biases, zmul = _biases(weight)
+        return np.array([weight.q.ctypes.data, weight.scales.ctypes.data, biases.ctypes.data,
+                         0, 0, depth, width, weight.bits, weight.group, 0, int(zmul)],
+                        dtype=np.int64)
+
+    def many(self, items: np.ndarray) -> None:
+        """The one-row products `items` (n, ITEM_FIELDS) int64 describe (`item`, with each
+        row's and output's addresses filled in), in one call split across the cores: each
+        row in the order `one_row_order` gives its weight."""
+        if self._many(items.ctypes.data, items.shape[0], host_parallel.workers()) != 0:
+            raise ValueError("quantized kernel refused its arguments")
 
     def one_row(self, weight: QuantizedWeight) -> "OneRow":
         """One row's products with `weight`, its addresses read once (`OneRow`)."""

@@ -894,6 +894,70 @@ int mlxr_quant_super_parts(const uint8_t *q, int bits, long h, const uint8_t *co
     return 0;
 }
 
+/* Several one-row products in one call, split across the workers as one range of rows: a
+ * mixture of experts' chosen experts for one token (runner/host_moe.py), each product of under
+ * a megabyte, where a call and a hand-off each (8-11 us) were a tenth of a decode step. Item i
+ * is x_i times weight i's rows [0, v_i), as `mlxr_quant_rows` makes it with one lane (kind 0:
+ * scales, biases, zmul) or `mlxr_quant_super_parts` (kind 1: scales holds the codes, biases
+ * the factors); each x_i in the order that product reads. The fields are 64-bit, as
+ * runner/quant_kernel.py `QuantKernel.many` fills them. Returns 0, or -1 (and computes
+ * nothing) where any item is one those functions refuse. */
+#define MANY_MAX 256
+typedef struct {
+    int64_t q, scales, biases, x, out; /* addresses */
+    int64_t h, v, bits, group, kind, zmul;
+} many_item;
+
+typedef struct {
+    const many_item *items;
+    const long *starts; /* item i's rows are [starts[i], starts[i] + v_i) of the whole range */
+    int n;
+} many_args;
+
+static void many_job(const void *args, long a, long z)
+{
+    const many_args *p = args;
+    for (int i = 0; i < p->n; i++) {
+        const many_item *it = &p->items[i];
+        const long s = p->starts[i], e = s + it->v;
+        if (e <= a || s >= z)
+            continue;
+        const long j0 = (a > s ? a : s) - s, j1 = (z < e ? z : e) - s;
+        if (it->kind == 1) {
+            super_args sa = {(const uint8_t *)it->q, (const uint8_t *)it->scales,
+                             (const float *)it->biases, (const float *)it->x,
+                             (float *)it->out, it->h, (int)it->bits};
+            super_job(&sa, j0, j1);
+        } else {
+            mlxr_quant_rows((const uint8_t *)it->q, (int)it->bits, it->h, (int)it->group,
+                            (const float *)it->scales, (const float *)it->biases,
+                            (const float *)it->x, 1, (float *)it->out, it->v, 1, j0, j1,
+                            (float)it->zmul);
+        }
+    }
+}
+
+int mlxr_quant_many(const many_item *items, int n, int parts)
+{
+    long starts[MANY_MAX + 1];
+    if (n < 1 || n > MANY_MAX)
+        return -1;
+    starts[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const many_item *it = &items[i];
+        const int bits = (int)it->bits;
+        if (it->kind == 1 ? (bits != 4 && bits != 8) || it->h < 32 * SUPER_GROUPS ||
+                                it->h % (32 * SUPER_GROUPS) || it->v < 1
+                          : it->kind != 0 || refused(bits, it->h, (int)it->group, 1, it->v, 1,
+                                                     0, it->v, (float)it->zmul))
+            return -1;
+        starts[i + 1] = starts[i] + (it->v + 7) / 8 * 8; /* each item's rows from a tile on */
+    }
+    many_args args = {items, starts, n};
+    rows_in_parts(many_job, &args, 0, starts[n], parts);
+    return 0;
+}
+
 /* fn(args, a, z) over [0, n) in up to `parts` nearly equal ranges, on these workers and the
  * calling thread: for another library's kernel to share this pool (runner/kv/attend_kernel.py
  * splits a layer's key heads so). Where another thread has the workers, the caller runs
