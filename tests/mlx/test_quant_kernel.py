@@ -154,6 +154,42 @@ def test_a_k_quant_imports_scales_as_super_blocks_give_the_same_products(kernel,
     products_match(kernel, layer, dense, rows=(2, 5, 16))  # several rows: the float32 scales
 
 
+@pytest.mark.parametrize("want", [16, 8, 4], ids=["avx512-or-less", "avx2-or-less", "plain"])
+def test_many_one_row_products_in_one_call_equal_each_alone(kernel, want):
+    # a mixture's chosen experts (runner/host_moe.py): super-blocks (Q4_K, Q6_K as imported),
+    # an offset (Q8_0), plain float32 scales, a depth QROW4 does not take; sizes that split
+    # unevenly into the workers' tiles of 8 rows, and one product split across them
+    kernel.use_width(want)
+    weights = [kernel.compact(QuantizedWeight.of(gguf_layer(300, 512, qtype=t)[0]))
+               for t in (T.Q4_K, T.Q6_K, T.Q8_0)]
+    weights += [QuantizedWeight.of(quantized(*shape, bits, group)[0])
+                for shape, bits, group in (((13, 256), 4, 32), ((5, 96), 4, 32),
+                                           ((4100, 256), 8, 64))]
+    assert [w.supers is not None for w in weights] == [True, True, False, False, False, False]
+    assert weights[2].offset == 128
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal(w.shape[1], dtype=np.float32) for w in weights]
+    ordered = [kernel_order(x, w.bits) for x, w in zip(xs, weights)]
+    outs = [np.full(w.shape[0], np.nan, dtype=np.float32) for w in weights]
+    items = np.stack([kernel.item(w) for w in weights])
+    items[:, quant_kernel.ITEM_X] = [x.ctypes.data for x in ordered]
+    items[:, quant_kernel.ITEM_OUT] = [o.ctypes.data for o in outs]
+    kernel.many(items)
+    for w, x, out in zip(weights, xs, outs):
+        assert np.array_equal(out, kernel.one_row(w)(x))  # the same kernels, the same floats
+    items[3, quant_kernel.ITEM_X + 2] = 12  # a depth that is not a whole group: refused, as alone
+    with pytest.raises(ValueError, match="refused"):
+        kernel.many(items)
+
+
+def kernel_order(x: np.ndarray, bits: int) -> np.ndarray:
+    """One row x in the order a one-row product reads it (`one_row_order`)."""
+    order = quant_kernel.one_row_order(bits, x.shape[0])
+    if order is None:
+        return x.copy()
+    return np.ascontiguousarray(x.reshape(order[1]).transpose(0, 2, 1)).reshape(-1)
+
+
 @pytest.mark.parametrize("qtype, offset, bits", [(T.Q8_0, 128, 8), (T.Q4_0, 8, 4),
                                                   (T.Q5_0, 16, 8)])
 @pytest.mark.parametrize("want", [16, 8, 4], ids=["avx512-or-less", "avx2-or-less", "plain"])
