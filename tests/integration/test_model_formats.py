@@ -40,7 +40,8 @@ PROMPTS = [f"{w} " * (i + 1) for i, w in enumerate(
     ("river", "stone", "cloud", "ember", "maple", "harbor", "violet"))] + [
     "a long road past quiet towns and " * 16]
 N = 5
-HOST_BODY_ARCHS = {"llama", "mistral", "qwen2", "qwen3"}  # runner/host_body.py's shape
+# runner/host_body.py's shape (a mixture's experts: runner/host_moe.py)
+HOST_BODY_ARCHS = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe"}
 BATCHED = ("f32", "gguf-q4_k")
 
 
