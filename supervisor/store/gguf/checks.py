@@ -39,7 +39,8 @@ _COUNTS = {"rope.dimension_count": (1, 1 << 14),
            "attention.sliding_window_pattern": (1, 1 << 12)}
 # Finite numbers; the first three also positive (divided by, or raised to a power):
 _POSITIVE = ("rope.freq_base", "rope.freq_scale", "rope.scaling.factor")
-_NUMBERS = (*_POSITIVE, "expert_weights_scale", "rope.global.freq_base", "rope.freq_base_swa", "rope.local.freq_base",
+_NUMBERS = (*_POSITIVE, "expert_weights_scale", "rope.global.freq_base", "rope.freq_base_swa",
+            "rope.local.freq_base",
             "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
             "rope.scaling.beta_fast", "rope.scaling.beta_slow",
             "attention.layer_norm_rms_epsilon", "attention.scale", "embedding_scale",
