@@ -33,10 +33,14 @@ WIDER = {2: 4, 3: 4, 5: 8, 6: 8}  # a bit count -> the kernel's width that holds
 
 
 def repackable(module) -> bool:
-    """Is `module` an affine quantized layer whose values the kernel takes once repacked?"""
-    return isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)) and \
+    """Is `module` an affine quantized layer (or a mixture's stacked experts) whose values the
+    kernel takes once repacked?"""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    stacked = isinstance(module, QuantizedSwitchLinear)
+    return (stacked or isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding))) and \
         getattr(module, "mode", "affine") == "affine" and module.bits in WIDER and \
-        module.group_size in GROUPS and module.weight.ndim == 2 and \
+        module.group_size in GROUPS and module.weight.ndim == (3 if stacked else 2) and \
         module.weight.dtype == mx.uint32
 
 
@@ -45,5 +49,7 @@ def repack(module, kernel: QuantKernel) -> None:
     the kernel's C `mlxr_quant_repack`."""
     wide = WIDER[module.bits]
     packed = np.asarray(module.weight).view(np.uint8)
-    module.weight = mx.array(kernel.repack(packed, module.bits, wide).view(np.uint32))
+    lead = packed.shape[:-1]  # (rows,), or a mixture's (experts, rows)
+    held = kernel.repack(packed.reshape(-1, packed.shape[-1]), module.bits, wide)
+    module.weight = mx.array(held.reshape(*lead, -1).view(np.uint32))
     module.bits = wide

@@ -16,6 +16,7 @@ from mlxr.runner.host_body import HostBody, _Bound
 from mlxr.runner.kv import rows
 from mlxr.runner.kv.pool import KVPool
 from mlxr.runner.quant_kernel import QuantizedWeight
+from mlxr.runner.weights import widen_around_kernel
 from mlxr.runner.model_step import split_model
 from mlxr.supervisor.store.random_model import ARCH_NAMES, write_random_model
 from tests.mlx.test_heads import probed_blas
@@ -142,19 +143,25 @@ def test_no_host_body_for_16_bit_weights_or_quantized_ones_the_kernel_does_not_t
     assert HostBody.find(model) is None
 
 
-def test_a_quantized_mixture_reads_its_chosen_experts_on_the_kernel(tmp_path):
-    # 4 bits in groups of 32 with float32 scales, as a GGUF Q4_K import holds its experts;
-    # mlx-lm's reference reads them through MLX's own gather_qmm
+@pytest.mark.parametrize("bits", [4, 5])
+def test_a_quantized_mixture_reads_its_chosen_experts_on_the_kernel(tmp_path, bits):
+    # in groups of 32 with float32 scales, as a GGUF Q4_K (4 bits) or Q5_K (5 bits, held in 8
+    # for the kernel: runner/repack.py) import holds its experts; mlx-lm's reference reads
+    # them through MLX's own gather_qmm
     model, _, config = load(str(write_random_model(tmp_path / "moe", arch="qwen3_moe")),
                             return_config=True)
-    nn.quantize(model, group_size=32, bits=4)
+    nn.quantize(model, group_size=32, bits=bits)
+    # 5 bits: every layer repacked, each of 2 layers' 4 attention products, router and 3
+    # stacked experts, and the embedding and head
+    assert widen_around_kernel(model) == (0 if bits == 4 else 2 * (4 + 1 + 3) + 2)
     fix_model(model, config)
     rows.install(model)
     body = HostBody.find(model)
     assert body is not None
     experts = body.layers[0].experts
     assert len(experts.gate) == 8 and experts.top_k == 2
-    assert all(isinstance(w, QuantizedWeight) and w.shape == (256, 256)
+    assert all(isinstance(w, QuantizedWeight) and w.shape == (256, 256) and
+               w.bits == (4 if bits == 4 else 8)
                for w, _ in experts.gate + experts.up + experts.down)
     prompts = [[(7 * i + 3 * k) % 500 + 2 for i in range(n)] for k, n in enumerate((40, 75, 9))]
     for batch in ([prompts[0]], prompts[:2]):  # one row, two rows (row by row)
