@@ -66,9 +66,38 @@ def grammar_text(fmt: Any) -> str:
             raise InvalidRequest("a regex format needs a non-empty string pattern")
         return llg.LLMatcher.grammar_from_regex(pattern)
     try:
-        return llg.LLMatcher.grammar_from_json_schema(fmt, defaults=JSON_DEFAULTS)
+        return llg.LLMatcher.grammar_from_json_schema(closed_objects(fmt),
+                                                      defaults=JSON_DEFAULTS)
     except ValueError as exc:
         raise InvalidRequest(f"invalid JSON schema: {exc}") from None
+
+
+# Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
+_SCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+           "additionalItems", "propertyNames", "unevaluatedItems", "unevaluatedProperties")
+_SCHEMAS = ("prefixItems", "anyOf", "oneOf")
+_NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of `schema` read as llama.cpp reads one (what Ollama constrains a GGUF model's
+    `format` with, on both its APIs): an object that lists `properties` and says nothing of
+    `additionalProperties` takes no other keys. JSON Schema's own default admits any key,
+    so a small model filled a `{"a": ...}` object with keys of its own. `allOf` branches
+    are left as they are (each closed object would refuse the others' keys)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key, value in schema.items():
+        if key in _SCHEMA:
+            out[key] = closed_objects(value)
+        elif key in _SCHEMAS and isinstance(value, list):
+            out[key] = [closed_objects(v) for v in value]
+        elif key in _NAMED and isinstance(value, dict):
+            out[key] = {name: closed_objects(v) for name, v in value.items()}
+    if "properties" in schema and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
 
 
 @dataclass(slots=True)

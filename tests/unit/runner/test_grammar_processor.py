@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tokenizers
 
-from mlxr.runner.grammar import GrammarCompiler, GrammarProcessor, compiler_for, grammar_text
+from mlxr.runner.grammar import (GrammarCompiler, GrammarProcessor, closed_objects,
+                                 compiler_for, grammar_text)
 from mlxr.runner.tokenizer import Tokenizer
 from mlxr.shared.assets import write_qwen3_tokenizer
 from mlxr.shared.errors import InvalidRequest
@@ -114,6 +115,40 @@ def test_any_json_object_and_bounded_whitespace(compiler, backend):
         "at most one line break and 32 columns of indentation per gap"
     walk(processor, encode(backend, '{\n  "a": [1, {"b": null}],\n  "c": "d"\n}'))
     assert processor.is_complete
+
+
+def test_an_object_that_lists_its_properties_takes_no_other_keys_as_in_llama_cpp(
+        compiler, backend):
+    # Ollama constrains GGUF models with llama.cpp's reading of the schema: listed properties
+    # and no word of additionalProperties means no other keys (the JSON Schema default admits
+    # any, and a small model wrote {"a": 1, "oc": ...})
+    schema = {"type": "object", "properties": {"a": {"type": "integer"},
+                                               "b": {"type": "object",
+                                                     "properties": {"c": {"type": "string"}}}},
+              "required": ["a"]}
+
+    def accepts(fmt, text: str) -> bool:
+        processor = GrammarProcessor(compiler.matcher(fmt), len(PROMPT), VOCAB)
+        tokens = encode(backend, text)
+        for i, token in enumerate(tokens):
+            processor.prepare(PROMPT + tokens[:i])
+            if not processor.allowed_now()[token]:
+                return False
+        return True
+
+    assert accepts(schema, '{"a": 1, "b": {"c": "x"}}')
+    assert not accepts(schema, '{"a": 1, "z": 2}')
+    assert not accepts(schema, '{"a": 1, "b": {"c": "x", "z": 2}}')  # nested objects too
+    assert accepts({**schema, "additionalProperties": True}, '{"a": 1, "z": 2}')
+    assert accepts({"type": "object"}, '{"z": 2}')  # no properties listed: any object
+    assert "additionalProperties" not in schema  # the request's schema is not changed
+    closed = closed_objects({"$defs": {"p": {"properties": {}}}, "anyOf": [{"properties": {}}],
+                             "items": {"properties": {}}, "allOf": [{"properties": {}}],
+                             "properties": {"e": {"enum": [{"properties": 1}]}}})
+    assert [closed["$defs"]["p"], closed["anyOf"][0], closed["items"]] == \
+        [{"properties": {}, "additionalProperties": False}] * 3
+    assert closed["allOf"] == [{"properties": {}}]  # each would refuse the others' keys
+    assert closed["properties"]["e"] == {"enum": [{"properties": 1}]}  # values, not schemas
 
 
 def test_regex_allows_eos_when_accepting_and_forces_it_when_complete(compiler, backend):
