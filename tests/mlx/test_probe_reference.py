@@ -11,6 +11,7 @@ import json
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_map
 import pytest
 from mlx_lm.utils import load
 
@@ -52,6 +53,28 @@ def test_quantized_layers_inside_give_mlxs_own_products_from_the_kernel(products
     assert products == [6]  # the pass's six rows in one product
     assert got.shape == want.shape == (2, 3, 48) and got.dtype == mx.float32
     assert np.allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [3, 40])  # mlx_lm sorts the rows by expert from 64 on
+def test_a_mixtures_experts_inside_give_mlxs_own_products_from_the_kernel(products, tokens):
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU
+
+    glu = SwitchGLU(256, 128, 8)
+    glu.update(tree_map(lambda a: mx.random.normal(a.shape, key=mx.random.key(3)) * 0.05,
+                        glu.parameters()))
+    nn.quantize(glu, group_size=32, bits=4)
+    assert isinstance(glu.down_proj, QuantizedSwitchLinear)
+    x = mx.random.normal((1, tokens, 256), key=mx.random.key(4))
+    chosen = mx.random.randint(0, 8, (1, tokens, 2), key=mx.random.key(5))
+    want = glu(x, chosen)
+    with kernel_reference():
+        got = glu(x, chosen)
+    assert products and sum(products) == 3 * 2 * tokens  # each (row, chosen expert) once
+    assert got.shape == want.shape == (1, tokens, 2, 256)
+    assert np.allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
+    calls = len(products)
+    mx.eval(glu(x, chosen))  # the context closed: MLX's own again
+    assert len(products) == calls
 
 
 def test_tied_embeddings_as_the_head_inside_give_mlxs_own(products):
