@@ -32,7 +32,7 @@ from mlxr.shared.config import Settings
 log = logging.getLogger("mlxr.runner")
 
 SPARE_FAILURES = 3
-QUIET_WAIT_S = 60.0  # the longest a spare waits for no request to be running
+QUIET_WAIT_S = 10.0  # the longest a spare waits for no request to be running (then it starts)
 QUIET_POLL_S = 0.25
 RUNNER_MODULE = "mlxr.runner"  # only the real runner takes --spare (tests may swap the module)
 
