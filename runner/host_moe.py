@@ -28,7 +28,8 @@ import numpy as np
 
 from mlxr.runner.host_swiglu import silu_times
 from mlxr.runner.quant_kernel import (ITEM_FIELDS, ITEM_OUT, ITEM_X, QuantizedWeight,
-                                      QuantKernel, SuperScales, one_row_order, takes_stacked)
+                                      QuantKernel, SuperScales, into_row_order, one_row_order,
+                                      takes_stacked)
 
 PROJECTIONS = ("gate", "up", "down")
 
@@ -150,17 +151,16 @@ class _OnKernel:
 
     def __call__(self, x: np.ndarray, chosen: np.ndarray, weights: np.ndarray) -> np.ndarray:
         for p in range(2):
-            _ordered(self.x[p], x[None], self.orders[p])
+            into_row_order(self.x[p], x[None], self.orders[p])
         k = len(chosen)
         self.first[:k], self.first[k:] = self.templates[0, chosen], self.templates[1, chosen]
         self.first[:, ITEM_X:ITEM_OUT + 1] = self.first_rows
         self.kernel.many(self.first)
-        _ordered(self.mixed, silu_times(self.gate_up[0], self.gate_up[1]), self.orders[2])
+        into_row_order(self.mixed, silu_times(self.gate_up[0], self.gate_up[1]), self.orders[2])
         self.second[:] = self.templates[2, chosen]
         self.second[:, ITEM_X:ITEM_OUT + 1] = self.second_rows
         self.kernel.many(self.second)
         return weights.astype(np.float32) @ self.down
-
 
 
 def _compacted(kernel: QuantKernel, stack: list[tuple]) -> list[QuantizedWeight]:
@@ -182,17 +182,6 @@ def _compacted(kernel: QuantKernel, stack: list[tuple]) -> list[QuantizedWeight]
                                    whole.bits, whole.group, (whole.keep, whole.supers),
                                    supers, whole.offset))
     return out
-
-
-def _ordered(into: np.ndarray, rows: np.ndarray, order: tuple | None) -> None:
-    """Rows (n, depth) copied into `into` (n rows of depth) in a one-row product's order
-    (`one_row_order`)."""
-    n = rows.shape[0]
-    if order is None:
-        np.copyto(into.reshape(rows.shape), rows)
-    else:
-        np.copyto(into.reshape(n, *order[0]),
-                  rows.reshape(n, *order[1]).transpose(0, 1, 3, 2))
 
 
 def _stacked(module) -> list[tuple] | None:

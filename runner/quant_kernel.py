@@ -192,6 +192,16 @@ def one_row_order(bits: int, depth: int) -> tuple[tuple, tuple] | None:
     return _BLOCKS if depth % ROW4_BLOCK == 0 else _EVEN_ODD
 
 
+def into_row_order(into: np.ndarray, rows: np.ndarray, order: tuple | None) -> None:
+    """Rows (n, depth) copied into `into` (n rows of depth), each in a one-row product's
+    `order` (`one_row_order`): several one-row products' rows at once (`QuantKernel.many`)."""
+    n = rows.shape[0]
+    if order is None:
+        np.copyto(into.reshape(rows.shape), rows)
+    else:
+        np.copyto(into.reshape(n, *order[0]), rows.reshape(n, *order[1]).transpose(0, 1, 3, 2))
+
+
 _BLOCKS = ((-1, 8, 16), (-1, 16, 8))  # each 128 positions as (16, 8) transposed
 _EVEN_ODD = ((-1, 2, 16), (-1, 16, 2))  # each 32 positions: the 16 even ones, then the odd
 

@@ -169,7 +169,9 @@ def test_many_one_row_products_in_one_call_equal_each_alone(kernel, want):
     assert weights[2].offset == 128
     rng = np.random.default_rng(5)
     xs = [rng.standard_normal(w.shape[1], dtype=np.float32) for w in weights]
-    ordered = [kernel_order(x, w.bits) for x, w in zip(xs, weights)]
+    ordered = [np.empty_like(x) for x in xs]
+    for into, x, w in zip(ordered, xs, weights):
+        quant_kernel.into_row_order(into, x[None], quant_kernel.one_row_order(w.bits, len(x)))
     outs = [np.full(w.shape[0], np.nan, dtype=np.float32) for w in weights]
     items = np.stack([kernel.item(w) for w in weights])
     items[:, quant_kernel.ITEM_X] = [x.ctypes.data for x in ordered]
@@ -180,14 +182,6 @@ def test_many_one_row_products_in_one_call_equal_each_alone(kernel, want):
     items[3, quant_kernel.ITEM_X + 2] = 12  # a depth that is not a whole group: refused, as alone
     with pytest.raises(ValueError, match="refused"):
         kernel.many(items)
-
-
-def kernel_order(x: np.ndarray, bits: int) -> np.ndarray:
-    """One row x in the order a one-row product reads it (`one_row_order`)."""
-    order = quant_kernel.one_row_order(bits, x.shape[0])
-    if order is None:
-        return x.copy()
-    return np.ascontiguousarray(x.reshape(order[1]).transpose(0, 2, 1)).reshape(-1)
 
 
 @pytest.mark.parametrize("qtype, offset, bits", [(T.Q8_0, 128, 8), (T.Q4_0, 8, 4),
