@@ -66,7 +66,7 @@ def grammar_text(fmt: Any) -> str:
             raise InvalidRequest("a regex format needs a non-empty string pattern")
         return llg.LLMatcher.grammar_from_regex(pattern)
     try:
-        return llg.LLMatcher.grammar_from_json_schema(closed_objects(fmt),
+        return llg.LLMatcher.grammar_from_json_schema(llama_cpp_reading(fmt),
                                                       defaults=JSON_DEFAULTS)
     except ValueError as exc:
         raise InvalidRequest(f"invalid JSON schema: {exc}") from None
@@ -79,24 +79,35 @@ _SCHEMAS = ("prefixItems", "anyOf", "oneOf")
 _NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
-def closed_objects(schema: Any) -> Any:
+LARGEST_INTEGER = 10**16 - 1  # llama.cpp's integers: at most 16 digits
+
+
+def llama_cpp_reading(schema: Any) -> Any:
     """A copy of `schema` read as llama.cpp reads one (what Ollama constrains a GGUF model's
-    `format` with, on both its APIs): an object that lists `properties` and says nothing of
-    `additionalProperties` takes no other keys. JSON Schema's own default admits any key,
-    so a small model filled a `{"a": ...}` object with keys of its own. `allOf` branches
-    are left as they are (each closed object would refuse the others' keys)."""
+    `format` with, on both its APIs), where JSON Schema's own defaults differ:
+    - an object that lists `properties` and says nothing of `additionalProperties` takes no
+      other keys (the default admits any: a small model filled a `{"a": ...}` object with
+      keys of its own);
+    - an integer without bounds has at most 16 digits (a small model wrote 9999... until its
+      token limit).
+    `allOf` branches are left as they are (each closed object would refuse the others' keys)."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
     for key, value in schema.items():
         if key in _SCHEMA:
-            out[key] = closed_objects(value)
+            out[key] = llama_cpp_reading(value)
         elif key in _SCHEMAS and isinstance(value, list):
-            out[key] = [closed_objects(v) for v in value]
+            out[key] = [llama_cpp_reading(v) for v in value]
         elif key in _NAMED and isinstance(value, dict):
-            out[key] = {name: closed_objects(v) for name, v in value.items()}
+            out[key] = {name: llama_cpp_reading(v) for name, v in value.items()}
     if "properties" in schema and "additionalProperties" not in schema:
         out["additionalProperties"] = False
+    if schema.get("type") == "integer":
+        if "minimum" not in schema and "exclusiveMinimum" not in schema:
+            out["minimum"] = -LARGEST_INTEGER
+        if "maximum" not in schema and "exclusiveMaximum" not in schema:
+            out["maximum"] = LARGEST_INTEGER
     return out
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tokenizers
 
-from mlxr.runner.grammar import (GrammarCompiler, GrammarProcessor, closed_objects,
+from mlxr.runner.grammar import (GrammarCompiler, GrammarProcessor, llama_cpp_reading,
                                  compiler_for, grammar_text)
 from mlxr.runner.tokenizer import Tokenizer
 from mlxr.shared.assets import write_qwen3_tokenizer
@@ -117,7 +117,7 @@ def test_any_json_object_and_bounded_whitespace(compiler, backend):
     assert processor.is_complete
 
 
-def test_an_object_that_lists_its_properties_takes_no_other_keys_as_in_llama_cpp(
+def test_objects_and_integers_are_read_as_llama_cpp_reads_them(
         compiler, backend):
     # Ollama constrains GGUF models with llama.cpp's reading of the schema: listed properties
     # and no word of additionalProperties means no other keys (the JSON Schema default admits
@@ -142,13 +142,21 @@ def test_an_object_that_lists_its_properties_takes_no_other_keys_as_in_llama_cpp
     assert accepts({**schema, "additionalProperties": True}, '{"a": 1, "z": 2}')
     assert accepts({"type": "object"}, '{"z": 2}')  # no properties listed: any object
     assert "additionalProperties" not in schema  # the request's schema is not changed
-    closed = closed_objects({"$defs": {"p": {"properties": {}}}, "anyOf": [{"properties": {}}],
+    closed = llama_cpp_reading({"$defs": {"p": {"properties": {}}}, "anyOf": [{"properties": {}}],
                              "items": {"properties": {}}, "allOf": [{"properties": {}}],
                              "properties": {"e": {"enum": [{"properties": 1}]}}})
     assert [closed["$defs"]["p"], closed["anyOf"][0], closed["items"]] == \
         [{"properties": {}, "additionalProperties": False}] * 3
     assert closed["allOf"] == [{"properties": {}}]  # each would refuse the others' keys
     assert closed["properties"]["e"] == {"enum": [{"properties": 1}]}  # values, not schemas
+    # integers: at most 16 digits, as llama.cpp's grammar has them, unless bounded otherwise
+    numbers = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    assert accepts(numbers, '{"n": -9999999999999999}')
+    assert not accepts(numbers, '{"n": 12345678901234567}')
+    assert accepts({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}},
+                   '{"n": 1234567890123456}')
+    assert not accepts({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}},
+                       '{"n": -1}')
 
 
 def test_regex_allows_eos_when_accepting_and_forces_it_when_complete(compiler, backend):
