@@ -110,7 +110,6 @@ def make_app(settings: Settings, *, store: Any = None,
     metrics.bind(manager)
     cors = Cors(settings.origins)
     drain = Drain()
-    spares.busy = lambda: drain.in_flight > 0  # a spare starts when no request runs
     middlewares = [metrics.middleware, cors.preflight, error_middleware, drain.middleware]
     if settings.socket_path is None and is_loopback_host(settings.host):
         middlewares.append(HostCheck().middleware)

@@ -7,9 +7,7 @@ and waits for its settings on stdin; a load takes it instead of starting a proce
 
 Invariants:
 - At most one spare at a time. It is made when the server starts and again after each load
-  that took it has finished, so it never competes with a load for the CPU; and only once no
-  request is running (`busy`; at most QUIET_WAIT_S later), so its imports do not take the
-  CPU from a decode either (the first reply after a load decoded at half speed beside them).
+  that took it has finished, so it never competes with a load for the CPU.
 - A spare is taken only with the BLAS it was started with (its environment's preload): a load
   whose choice differs starts its own process, as before.
 - A spare that died before it was taken is never handed out; after SPARE_FAILURES deaths in
@@ -25,15 +23,12 @@ import collections
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Callable
 
 from mlxr.shared.config import Settings
 
 log = logging.getLogger("mlxr.runner")
 
 SPARE_FAILURES = 3
-QUIET_WAIT_S = 10.0  # the longest a spare waits for no request to be running (then it starts)
-QUIET_POLL_S = 0.25
 RUNNER_MODULE = "mlxr.runner"  # only the real runner takes --spare (tests may swap the module)
 
 
@@ -56,10 +51,9 @@ class SpareRunner:
     """Keeps one spare runner; `spawn` (supervisor/runners/client.py's process start, with
     the runner's environment) is how it starts one."""
 
-    def __init__(self, settings: Settings, spawn, busy: Callable[[], bool] | None = None):
+    def __init__(self, settings: Settings, spawn):
         self.enabled = settings.spare_runner and settings.runner_module == RUNNER_MODULE
         self._spawn = spawn  # async (blas) -> asyncio.subprocess.Process
-        self.busy = busy  # are requests running? (set by the app once its parts exist)
         self._spare: Spare | None = None
         self._making: asyncio.Task | None = None
         self._failures = 0
@@ -75,9 +69,6 @@ class SpareRunner:
 
     async def _make(self, blas: str | None) -> None:
         try:
-            await self._quiet()
-            if self._closed:
-                return
             process = await self._spawn(blas)
         except (OSError, ValueError) as exc:
             self._failed(f"could not start a spare runner: {exc}")
@@ -91,14 +82,6 @@ class SpareRunner:
             return
         self._spare = spare
         log.debug("spare runner pid %d started", process.pid)
-
-    async def _quiet(self) -> None:
-        """Until no request is running (at most QUIET_WAIT_S), or the spares close."""
-        waited = 0.0
-        while self.busy is not None and self.busy() and not self._closed and \
-                waited < QUIET_WAIT_S:
-            await asyncio.sleep(QUIET_POLL_S)
-            waited += QUIET_POLL_S
 
     def take(self, blas: str | None) -> Spare | None:
         """The spare, if one is alive and has `blas` preloaded; it is no longer ours."""

@@ -1,6 +1,6 @@
 """SpareRunner's bookkeeping (supervisor/runners/spare.py) with stand-in processes: one spare
 at a time, taken only with its own BLAS, never handed out dead, given up after repeated
-deaths, made only once no request runs, and ended by `close`."""
+deaths, and ended by `close`."""
 
 from __future__ import annotations
 
@@ -55,26 +55,6 @@ def test_one_spare_at_a_time_taken_with_its_own_blas_and_ended_by_close():
         assert spares._making is None and len(started) == 3
         spare.process.kill()
         await spare.process.wait()
-    asyncio.run(go())
-
-
-def test_a_spare_is_made_once_no_request_runs_and_close_does_not_wait_for_that():
-    async def go():
-        started: list = []
-        running = [True]
-        spares = SpareRunner(Settings(), stand_in(WAITS, started), busy=lambda: running[0])
-        spares.replenish("/lib/a.so")
-        await asyncio.sleep(0.6)
-        assert started == [] and spares._making is not None  # waiting: a request runs
-        running[0] = False
-        await asyncio.wait_for(made(spares), 5)
-        assert len(started) == 1
-        await spares.close()
-        waiting = SpareRunner(Settings(), stand_in(WAITS, started), busy=lambda: True)
-        waiting.replenish("/lib/a.so")
-        await asyncio.sleep(0.3)
-        await asyncio.wait_for(waiting.close(), 2)  # not QUIET_WAIT_S
-        assert len(started) == 1 and waiting._making is None
     asyncio.run(go())
 
 
