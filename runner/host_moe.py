@@ -128,12 +128,12 @@ class _OnKernel:
 
     def __init__(self, kernel: QuantKernel, experts: Experts):
         self.kernel = kernel
-        self.stacks = (experts.gate, experts.up, experts.down)
+        stacks = (experts.gate, experts.up, experts.down)
         k, count = experts.top_k, len(experts.gate)
         inter, hidden = experts.gate[0][0].shape
-        self.orders = [one_row_order(s[0][0].bits, s[0][0].shape[1]) for s in self.stacks]
+        self.orders = [one_row_order(s[0][0].bits, s[0][0].shape[1]) for s in stacks]
         # each expert's products as `many` reads them, and the weights they point into
-        self.kept = [_compacted(kernel, stack) for stack in self.stacks]
+        self.kept = [_compacted(kernel, stack) for stack in stacks]
         self.templates = np.stack([np.stack([kernel.item(w) for w in weights])
                                    for weights in self.kept])
         self.x = [np.empty(hidden, dtype=np.float32) for _ in range(2)]  # gate's, up's order
