@@ -26,8 +26,8 @@ import numpy as np
 
 from mlxr.shared.errors import ContextOverflow, InvalidRequest
 from mlxr.shared.protocol import EmbedRequest, EmbedResponse
-from mlxr.runner.embed.pooling import PoolingConfig, l2_normalize, pool, read_pooling_config, \
-    truncate_dimensions
+from mlxr.runner.embed.pooling import l2_normalize, pool, truncate_dimensions
+from mlxr.shared.sentence_transformers import PoolingConfig, read_pooling_config
 
 log = logging.getLogger("mlxr.runner")
 
@@ -35,6 +35,7 @@ SUB_BATCH = 32
 SUB_BATCH_TOKENS = 16384  # padded tokens per sub-batch: bounds activation memory
 LM_CHUNK = 512  # a language model reads long inputs in chunks through a KV cache
 OVERFLOW = "input length exceeds maximum context length"
+ENCODER_TYPES = ("bert", "nomic_bert")  # served by runner/embed's encoders, not mlx_lm
 
 
 class Embedder(Protocol):
@@ -50,10 +51,11 @@ class Embedder(Protocol):
 
 
 def is_encoder_dir(model_dir: str | Path) -> bool:
-    """A BERT encoder (served by runner.encoder) rather than a causal LM (served by mlx_lm)."""
+    """An encoder (BERT or Nomic BERT, served by runner/embed) rather than a causal LM (mlx_lm)."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     archs = config.get("architectures") or []
-    return config.get("model_type") == "bert" or any(str(a).startswith("Bert") for a in archs)
+    return config.get("model_type") in ENCODER_TYPES or \
+        any(str(a).startswith(("Bert", "NomicBert")) for a in archs)
 
 
 def plan_batches(lengths: list[int], max_batch: int = SUB_BATCH,
@@ -168,7 +170,7 @@ class EncoderTokenizer:
 
 @dataclass(slots=True)
 class EncoderEmbedder:
-    model: Any  # runner.encoder.BertEncoder
+    model: Any  # runner/embed: encoder.BertEncoder or nomic.NomicEncoder
     tokenizer: EncoderTokenizer
     pooling: PoolingConfig
     max_length: int
@@ -191,13 +193,17 @@ class EncoderEmbedder:
 
 
 def load_encoder_embedder(model_dir: str | Path, context_length: int) -> EncoderEmbedder:
-    """Load a BERT directory: weights, tokenizer.json and the sentence-transformers files.
-    The maximum input is max_seq_length (sentence_bert_config.json), else the position
+    """Load an encoder directory (BERT or Nomic BERT): weights, tokenizer.json and the
+    sentence-transformers files. The maximum input is max_seq_length (sentence_bert_config.json), else the position
     table's size, else the tokenizer's model_max_length, whichever is least."""
     from mlxr.runner.embed.encoder import load_bert
+    from mlxr.runner.embed.nomic import load_nomic
 
     model_dir = Path(model_dir)
-    model = load_bert(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    nomic = config.get("model_type") == "nomic_bert" or \
+        any(str(a).startswith("NomicBert") for a in config.get("architectures") or [])
+    model = load_nomic(model_dir) if nomic else load_bert(model_dir)
     cfg = model.config
     pooling = read_pooling_config(model_dir)
     limits = [cfg.max_position_embeddings, context_length]

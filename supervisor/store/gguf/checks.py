@@ -36,14 +36,16 @@ _HPARAMS = {"block_count": "num_hidden_layers", "embedding_length": "hidden_size
 _COUNTS = {"rope.dimension_count": (1, 1 << 14),
            "rope.scaling.original_context_length": (1, 1 << 26),
            "attention.sliding_window": (0, 1 << 26),
-           "attention.sliding_window_pattern": (1, 1 << 12)}
+           "attention.sliding_window_pattern": (1, 1 << 12),
+           "pooling_type": (0, 1 << 8)}
 # Finite numbers; the first three also positive (divided by, or raised to a power):
 _POSITIVE = ("rope.freq_base", "rope.freq_scale", "rope.scaling.factor")
 _NUMBERS = (*_POSITIVE, "expert_weights_scale", "rope.global.freq_base", "rope.freq_base_swa",
             "rope.local.freq_base",
             "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
             "rope.scaling.beta_fast", "rope.scaling.beta_slow",
-            "attention.layer_norm_rms_epsilon", "attention.scale", "embedding_scale",
+            "attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon",
+            "attention.scale", "embedding_scale",
             "residual_scale", "logit_scale", "attn_logit_softcapping", "final_logit_softcapping")
 _STRINGS = ("rope.scaling.type",)
 # Those a file may give per layer (hf_config takes a list whose values all agree; Ollama writes

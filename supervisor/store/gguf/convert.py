@@ -85,21 +85,23 @@ def check_supported(path: Path, gguf: GgufFile | None = None) -> GgufSummary:
     """Read a GGUF header and check that this converter can take it: the architecture, every
     tensor name and type, the tokenizer kind. Raises UnsupportedModel errors naming what is
     not supported (long metadata arrays are skipped unless `gguf` is given)."""
-    from . import arch, checks, quants, tokenizer
+    from . import arch, checks, encoders, quants, tokenizer, wordpiece
 
     gguf = gguf or read_gguf(path, skip_arrays=True)
     kv = gguf.kv
     name = kv.get("general.architecture")
     if not isinstance(name, str):
         raise InvalidRequest(f"{path.name} has no general.architecture")
-    if name not in arch.ARCHITECTURES:
+    if name not in arch.ARCHITECTURES and not encoders.is_encoder(name):
         raise UnsupportedModel(
             f'unsupported model architecture "{name}"; mlxr runs GGUF models of these '
-            "architectures: " + ", ".join(arch.ARCHITECTURES))
-    layers = checks.check_hparams(path.name, kv, arch.spec(name).gguf)
+            "architectures: " + ", ".join((*arch.ARCHITECTURES, *encoders.ARCHITECTURES)))
+    layers = checks.check_hparams(path.name, kv, name)
+    if encoders.is_encoder(name):
+        encoders.pooling_mode(kv)  # a reranker or per-token file: refused here, by name
     types: dict[str, int] = {}
     for t in gguf.tensors:
-        hf = arch.hf_tensor_name(name, t.name)  # raises for a tensor it cannot place
+        hf = tensor_name(name, t.name)  # raises for a tensor it cannot place
         checks.check_tensor(path.name, t, hf, layers)
         if t.ggml_type not in _FLOAT_TYPES:
             try:
@@ -108,17 +110,37 @@ def check_supported(path: Path, gguf: GgufFile | None = None) -> GgufSummary:
                 raise type(exc)(f'{exc.message} in "{t.name}"') from None
         types[t.name] = t.ggml_type
     checks.check_tokenizer_kv(path.name, kv)
-    tokenizer.check_tokenizer(kv)
+    if encoders.is_encoder(name):
+        wordpiece.check_tokenizer(kv)
+    else:
+        tokenizer.check_tokenizer(kv)
     count = sum(t.n_elements for t in gguf.tensors)
     return GgufSummary(name, kv, count, types, _file_type_name(kv, types))
+
+
+def tensor_name(arch_name: str, gguf_name: str) -> str | None:
+    """The converted directory's name of a GGUF tensor (None: read as metadata, or left out)."""
+    from . import arch, encoders
+
+    if encoders.is_encoder(arch_name):
+        return encoders.hf_tensor_name(arch_name, gguf_name)
+    return arch.hf_tensor_name(arch_name, gguf_name)
 
 
 def hf_config_of(gguf: GgufFile, summary: GgufSummary) -> dict[str, Any]:
     """The converted model's config.json (less torch_dtype) from the header and the rope
     tensors' values, checked as any config.json is."""
-    from . import arch, tokenizer
+    from . import arch, encoders, tokenizer
 
     tensors = {t.name: t for t in gguf.tensors}
+    if encoders.is_encoder(summary.architecture):
+        def rows(name: str) -> int | None:
+            return tensors[name].shape[0] if name in tensors else None
+
+        config = encoders.hf_config(summary.kv, vocab_size=_vocab_size(summary.kv, tensors),
+                                    type_vocab_size=rows("token_types.weight") or 1,
+                                    positions=rows("position_embd.weight"))
+        return check_config(config, f"{gguf.path.name} (its config.json)")
     rope_freqs = tensors.get("rope_freqs.weight")
     config = arch.hf_config(
         summary.kv, vocab_size=_vocab_size(summary.kv, tensors),
@@ -148,11 +170,13 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
     import mlx.core as mx
     from gguf import GGMLQuantizationType
 
-    from . import arch, quants, tokenizer
+    from . import arch, encoders, quants, tokenizer, wordpiece
 
     gguf = read_gguf(src)
     summary = check_supported(src, gguf)
     kv, name = summary.kv, summary.architecture
+    encoder = encoders.is_encoder(name)
+    dequantize = dequantize or encoder  # runner/embed runs float layers only
     floats = {GGMLQuantizationType(t.ggml_type).name for t in gguf.tensors}
     dtype = getattr(mx, float_dtype or target_float_dtype(floats))
     config = hf_config_of(gguf, summary)
@@ -164,7 +188,7 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
     shard: dict[str, mx.array] = {}
     shard_bytes, shard_index = 0, 0
     for t in gguf.tensors:
-        hf = arch.hf_tensor_name(name, t.name)
+        hf = tensor_name(name, t.name)
         done += t.n_bytes
         if hf is None:
             if progress is not None:
@@ -174,11 +198,12 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
         matrix = len(shape) == 2 or (len(shape) == 3 and ".switch_mlp." in hf)  # 3: experts
         out = quants.to_mlx(t.ggml_type, gguf.data(t), shape, t.name,
                             quantize=not dequantize and hf.endswith(".weight") and matrix)
-        order = arch.row_order(name, hf, config)
+        order = None if encoder else arch.row_order(name, hf, config)
         if order is not None and len(order) != shape[0]:  # q/k rows are heads x head size
             raise InvalidModelFile(f'{src.name}: tensor "{t.name}" has {shape[0]} rows where '
                                    f"its heads need {len(order)}")
-        arrays = _arrays(out, hf, order, arch.value_offset(name, hf), dtype)
+        offset = 0.0 if encoder else arch.value_offset(name, hf)
+        arrays = _arrays(out, hf, order, offset, dtype)
         if out.bits is not None:
             bits_of[hf.removesuffix(".weight")] = out.bits
         for key, value in arrays.items():
@@ -200,7 +225,13 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
     config["mlxr_gguf"] = {"converter_version": CONVERTER_VERSION,
                            "file_type": summary.file_type}
     (dst / "config.json").write_text(json.dumps(config, indent=2))
-    for file_name, data in tokenizer.hf_tokenizer_files(kv).items():
+    if encoder:
+        limit = config.get("max_position_embeddings") or config["n_positions"]
+        files = {**wordpiece.hf_files(kv), **encoders.sentence_transformers_files(kv, limit)}
+    else:
+        files = tokenizer.hf_tokenizer_files(kv)
+    for file_name, data in files.items():
+        (dst / file_name).parent.mkdir(exist_ok=True)
         (dst / file_name).write_bytes(data)
     return config
 

@@ -108,10 +108,9 @@ def _add_kv(writer, key: str, value: Any) -> None:
 
 
 def write_gguf(model_dir: Path, dest: Path, file_type: str = "F16") -> Path:
-    """Write `model_dir` (float safetensors, any supported architecture) as a GGUF file."""
-    from gguf import GGUFWriter, LlamaFileType
-
-    from . import arch as arches
+    """Write `model_dir` (float safetensors, any supported architecture, or a BERT / Nomic
+    BERT encoder) as a GGUF file."""
+    from . import arch as arches, encoders
     from .tokenizer import gguf_tokenizer_fields
 
     if file_type not in FILE_TYPES:
@@ -120,15 +119,11 @@ def write_gguf(model_dir: Path, dest: Path, file_type: str = "F16") -> Path:
     config = json.loads((model_dir / "config.json").read_text())
     if config.get("quantization"):
         raise ValueError("write GGUF files from float models only")
+    if encoders.spec_for_model_type(str(config.get("model_type"))):
+        return _write_encoder(model_dir, dest, file_type, config)
     arch, kv = arches.gguf_metadata(config)
     kv = {**kv, **gguf_tokenizer_fields(model_dir)}
-    ftype = {"F32": "ALL_F32", "Q4_K": "MOSTLY_Q4_K_S"}.get(file_type, "MOSTLY_" + file_type)
-    kv["general.file_type"] = int(LlamaFileType[ftype])
-    kv.setdefault("general.name", str(config.get("mlxr_random_preset") or model_dir.name))
-    writer = GGUFWriter(str(dest), arch)
-    for key, value in kv.items():
-        if key != "general.architecture":
-            _add_kv(writer, key, value)
+    writer = _writer(dest, arch, kv, file_type, config, model_dir)
     tensors = arches.stack_experts(_load_float32(model_dir))
     names = {arches.gguf_tensor_name(arch, hf_name) for hf_name in tensors}
     head = "output.weight" if "output.weight" in names else "token_embd.weight"
@@ -147,8 +142,50 @@ def write_gguf(model_dir: Path, dest: Path, file_type: str = "F16") -> Path:
         writer.add_tensor(name, data, raw_dtype=raw)
     for name, x in arches.gguf_extra_tensors(config).items():
         writer.add_tensor(name, np.asarray(x, np.float32))
+    return _finish(writer, dest)
+
+
+def _writer(dest: Path, arch: str, kv: dict[str, Any], file_type: str, config: dict,
+            model_dir: Path):
+    from gguf import GGUFWriter, LlamaFileType
+
+    ftype = {"F32": "ALL_F32", "Q4_K": "MOSTLY_Q4_K_S"}.get(file_type, "MOSTLY_" + file_type)
+    kv = {**kv, "general.file_type": int(LlamaFileType[ftype])}
+    kv.setdefault("general.name", str(config.get("mlxr_random_preset") or model_dir.name))
+    writer = GGUFWriter(str(dest), arch)
+    for key, value in kv.items():
+        if key != "general.architecture":
+            _add_kv(writer, key, value)
+    return writer
+
+
+def _finish(writer, dest: Path) -> Path:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return dest
+
+
+def _write_encoder(model_dir: Path, dest: Path, file_type: str, config: dict) -> Path:
+    """An encoder as llama.cpp's converter writes it: its pooling from the sentence-transformers
+    files (mean where they say nothing), the WordPiece vocabulary in phantom-space form, the
+    weights under GGUF names (the pooler and masked-LM heads left out, as llama.cpp does)."""
+    from mlxr.shared.sentence_transformers import read_pooling_config
+
+    from . import encoders, wordpiece
+
+    modes = read_pooling_config(model_dir).modes
+    if len(modes) != 1 or modes[0] not in encoders.POOLING.values():
+        raise ValueError(f"pooling {modes} has no GGUF form")
+    arch, kv = encoders.gguf_metadata(config, modes[0])
+    kv = {**kv, **wordpiece.gguf_fields(model_dir, config.get("vocab_size"))}
+    writer = _writer(dest, arch, kv, file_type, config, model_dir)
+    for hf_name, x in sorted(_load_float32(model_dir).items()):
+        hf_name = hf_name.removeprefix("bert.")
+        if hf_name.startswith(("pooler.", "cls.", "embeddings.position_ids")):
+            continue
+        name = encoders.gguf_tensor_name(arch, hf_name)
+        data, raw = _encode(np.ascontiguousarray(x), _tensor_type(file_type, name, x.shape))
+        writer.add_tensor(name, data, raw_dtype=raw)
+    return _finish(writer, dest)

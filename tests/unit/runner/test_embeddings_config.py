@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxr.runner.embed.pooling import PoolingConfig, modes_from_config, read_pooling_config
+from mlxr.shared.sentence_transformers import PoolingConfig, modes_from_config, read_pooling_config
 
 MODULES = [
     {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
