@@ -149,6 +149,19 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     return loaded
 
 
+def _lm_pooling(model_dir: str):
+    """How a language model's embeddings pool: its directory's sentence-transformers files
+    (an embedding model's, e.g. Qwen3-Embedding's last token), else the mean. Modules we do
+    not implement leave the model without embeddings (LMEmbedder.make refuses no modes)."""
+    from mlxr.shared.sentence_transformers import PoolingConfig, read_pooling_config
+
+    try:
+        return read_pooling_config(model_dir)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return PoolingConfig(modes=[])
+
+
 def _with_step(config: RunnerConfig, model, model_config: dict, tokenizer, vision,
                weights: str, kv_scale: float, how: str, group: Any, blas: str,
                on_progress: Callable[[float], None]) -> LoadedModel:
@@ -191,7 +204,7 @@ def _with_step(config: RunnerConfig, model, model_config: dict, tokenizer, visio
     embedder = None if step.split.body is None or group is not None else LMEmbedder.make(
         model, step.split.body, tokenizer, min(config.context_length, max_context), vocab_size,
         host=step.host_prefill if step.host_body is not None and step.host_body.quantized
-        else None)
+        else None, pooling=_lm_pooling(config.model_dir))
     capabilities = ["completion"] + (["vision"] if vision is not None else [])
     return LoadedModel(model, tokenizer, max_context, bytes_per_token, vocab_size,
                        capabilities, embedder=embedder, model_step=step, vision=vision,

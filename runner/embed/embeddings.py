@@ -18,7 +18,7 @@ import functools
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -225,8 +225,10 @@ def load_encoder_embedder(model_dir: str | Path, context_length: int) -> Encoder
 # -- causal language models (mlx_lm) ---------------------------------------------------------
 @dataclass(slots=True)
 class LMEmbedder:
-    """Mean of the body's last hidden states (after the final norm) over the input, L2
-    normalized; `body` is the model without its head (runner.model_step.split_model).
+    """The body's last hidden states (after the final norm) pooled over the input, L2
+    normalized: their mean, or for an embedding model whose sentence-transformers files say
+    so (Qwen3-Embedding), the last token's (or the first's), normalized if they say so.
+    `body` is the model without its head (runner.model_step.split_model).
     `host`: a numpy prefill body (runner/host_prefill.py) that reads the inputs instead, for
     a model on the quantized kernel, whose MLX body runs MLX's quantized CPU products (a
     128-token input through the 147M 8-bit model: 7.2 s, against 0.24 s widened)."""
@@ -238,22 +240,36 @@ class LMEmbedder:
     dim: int
     vocab_size: int
     host: Any = None
+    pooling: PoolingConfig = field(default_factory=PoolingConfig)
 
     @classmethod
     def make(cls, model: Any, body: Any, tokenizer: Any, max_length: int,
-             vocab_size: int, host: Any = None) -> "LMEmbedder | None":
-        """None when the body does not run as expected: the model then serves completions
-        only, rather than failing to load over a side feature."""
+             vocab_size: int, host: Any = None,
+             pooling: PoolingConfig | None = None) -> "LMEmbedder | None":
+        """None when the body does not run as expected, or `pooling` (the directory's
+        sentence-transformers files: an embedding model such as Qwen3-Embedding pools the
+        last token) asks for what a language model cannot give: the model then serves
+        completions only, rather than failing to load over a side feature."""
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
 
+        pooling = pooling or PoolingConfig()
+        if len(pooling.modes) != 1 or pooling.modes[0] not in LM_POOLING:
+            log.error("no embeddings for this model: pooling %s (a language model pools by "
+                      "%s)", pooling.modes, ", ".join(LM_POOLING))
+            return None
         try:
             hidden = body(mx.array([[0]]), cache=make_prompt_cache(model))
         except Exception:
             log.exception("no embeddings for this model: its body does not run alone")
             return None
         # The hidden size, whatever the config calls it.
-        return cls(model, body, tokenizer, max_length, hidden.shape[-1], vocab_size, host)
+        return cls(model, body, tokenizer, max_length, hidden.shape[-1], vocab_size, host,
+                   pooling)
+
+    @property
+    def mode(self) -> str:
+        return self.pooling.modes[0]
 
     def encode(self, texts: list[str], truncate: bool) -> list[list[int]]:
         # The tokenizer's own special tokens (a BOS where the model has one), as a prompt gets.
@@ -263,19 +279,34 @@ class LMEmbedder:
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
 
+        weights = position_weights(batch, self.mode)
         if self.host is not None:
-            means = np.stack([self.host.hidden_states(tokens, LM_CHUNK).mean(axis=0)
-                              for tokens in batch])
-            return l2_normalize(means)
+            pooled = np.stack([w[:len(tokens)] @ self.host.hidden_states(tokens, LM_CHUNK)
+                               for tokens, w in zip(batch, weights)])
+            return l2_normalize(pooled) if self.pooling.normalize else pooled
 
-        ids, mask = pad_batch(batch)
-        ids_mx, mask_mx = mx.array(ids), mx.array(mask)
+        ids, _ = pad_batch(batch)
+        ids_mx, weights_mx = mx.array(ids), mx.array(weights)
         cache = make_prompt_cache(self.model)
         total = mx.zeros((len(batch), self.dim), dtype=mx.float32)
         for start in range(0, ids.shape[1], LM_CHUNK):
             hidden = self.body(ids_mx[:, start:start + LM_CHUNK], cache=cache)
-            part = mask_mx[:, start:start + LM_CHUNK, None].astype(mx.float32)
+            part = weights_mx[:, start:start + LM_CHUNK, None]
             total = total + (hidden.astype(mx.float32) * part).sum(axis=1)
             mx.eval(total)  # lets this chunk's activations go before the next one
-        counts = mask_mx.sum(axis=1, keepdims=True).astype(mx.float32)
-        return np.array(l2_normalize(total / counts))
+        return np.array(l2_normalize(total) if self.pooling.normalize else total)
+
+
+LM_POOLING = ("mean", "lasttoken", "cls")  # cls: a causal model's first token
+
+
+def position_weights(batch: list[list[int]], mode: str) -> np.ndarray:
+    """(B, L) float32 weights whose sum over a row's hidden states pools it: 1/n over its real
+    tokens (mean), 1 on its last real token or on its first; 0 on padding."""
+    weights = np.zeros((len(batch), max(len(ids) for ids in batch)), dtype=np.float32)
+    for row, ids in enumerate(batch):
+        if mode == "mean":
+            weights[row, :len(ids)] = 1.0 / len(ids)
+        else:
+            weights[row, len(ids) - 1 if mode == "lasttoken" else 0] = 1.0
+    return weights

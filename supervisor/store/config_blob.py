@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .manifest import Layer
+from .gguf.encoders import is_encoder
+from .gguf.pooling import embeds
 from .metadata import capabilities_for, describe, human_number
 from .random_model import PRESETS
 
@@ -63,6 +65,19 @@ def make_config_blob(files: Mapping[str, Path], layers: list[Layer], template: s
     return json.dumps(config, separators=(",", ":")).encode() + b"\n"
 
 
+def gguf_capabilities(kv: dict[str, Any], template: str | None) -> list[str]:
+    """A GGUF model's capabilities as Ollama derives them from the file: an encoder, or a
+    file with a pooling type, is an embedding model whatever its architecture; otherwise
+    completion, with what the template (the model's TEMPLATE layer, else the file's chat
+    template) adds."""
+    arch = kv.get("general.architecture")
+    if is_encoder(str(arch)) or embeds(kv):
+        return ["embedding"]
+    chat_template = kv.get("tokenizer.chat_template")
+    return capabilities_for({"model_type": arch}, template or (
+        chat_template if isinstance(chat_template, str) else None), {})
+
+
 def make_gguf_config_blob(summary: Any, layers: list[Layer], template: str | None) -> bytes:
     """The config blob of a GGUF model, as Ollama writes it (format "gguf", the GGUF file
     type), with the GGUF metadata as `model_info` (long arrays such as the vocabulary shown as
@@ -79,8 +94,7 @@ def make_gguf_config_blob(summary: Any, layers: list[Layer], template: str | Non
         "model_families": [arch],
         "model_type": human_number(summary.parameter_count),
         "file_type": summary.file_type,
-        "capabilities": capabilities_for({"model_type": arch},
-                                         template or summary.chat_template, {}),
+        "capabilities": gguf_capabilities(kv, template),
         "context_length": ctx if isinstance(ctx, int) else None,
         "embedding_length": emb if isinstance(emb, int) else None,
         "architecture": "amd64",

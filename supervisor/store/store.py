@@ -172,6 +172,8 @@ class Store:
         if not info and config.get("model_family"):
             info = {"general.architecture": config["model_family"]}
         caps = config.get("capabilities")
+        if not isinstance(caps, list):  # Ollama's own config blobs name none
+            caps = self._derived_capabilities(m, texts[mf.MEDIA_TEMPLATE])
         return ModelRecord(
             name=parsed.display, digest=mf_digest(data), size=m.total_size,
             modified_at=datetime.fromtimestamp(mtime).astimezone(),
@@ -181,8 +183,25 @@ class Store:
             params=self._read_json(params_layer, {}) if params_layer else {},
             messages=self._read_json(messages_layer, []) if messages_layer else [],
             license="\n".join(texts[mf.MEDIA_LICENSE]) or None,
-            capabilities=list(caps) if isinstance(caps, list) else ["completion"],
+            capabilities=list(caps),
             model_info=dict(info))
+
+    def _derived_capabilities(self, m: Manifest, templates: list[str]) -> list[str]:
+        """A model whose config blob lists no capabilities (one Ollama made): a GGUF model's
+        from its file's header, as Ollama derives them (an embedding model, tools, thinking);
+        anything else completes."""
+        from .config_blob import gguf_capabilities
+        from .gguf.header import read_gguf
+
+        layer = m.gguf()
+        if layer is None:
+            return ["completion"]
+        try:
+            kv = read_gguf(self.blobs.path(layer.hex), skip_arrays=True).kv
+        except (OSError, MlxrError, ValueError) as exc:
+            log.warning("reading the GGUF header of %s: %s", layer.digest, exc)
+            return ["completion"]
+        return gguf_capabilities(kv, (templates or [None])[-1])
 
     def _read_text(self, layer: mf.Layer) -> str:
         if layer.size > MAX_TEXT_LAYER_BYTES:

@@ -6,6 +6,7 @@ nomic-embed-text's is), and a numpy forward pass of Nomic BERT written from its 
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import json
 import shutil
@@ -113,3 +114,48 @@ def nomic_reference(model_dir: Path, ids: list[int]) -> np.ndarray:
         x = layer_norm(x + mlp, p + "norm2")
     pooled = x.mean(0)
     return pooled / np.linalg.norm(pooled)
+
+
+def write_qwen3_embedding(dest: Path, seed: int = 7) -> Path:
+    """A random qwen3 made an embedding model as Qwen3-Embedding is: the tokenizer appends
+    "<|endoftext|>" to every input, and sentence-transformers pools that last token."""
+    from mlxr.supervisor.store.random_model import write_random_model
+
+    write_random_model(dest, "tiny", seed=seed)
+    tokenizer = json.loads((dest / "tokenizer.json").read_text(encoding="utf-8"))
+    end = {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}
+    tokenizer["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"Sequence": {"id": "A", "type_id": 0}}, end],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, end,
+                 {"Sequence": {"id": "B", "type_id": 1}}, end],
+        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [QWEN3_ENDOFTEXT],
+                                             "tokens": ["<|endoftext|>"]}}}
+    (dest / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    (dest / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize",
+         "type": "sentence_transformers.models.Normalize"}]))
+    (dest / "1_Pooling").mkdir(exist_ok=True)
+    (dest / "1_Pooling/config.json").write_text(json.dumps({"pooling_mode_lasttoken": True}))
+    return dest
+
+
+QWEN3_ENDOFTEXT = 151643
+
+
+def last_token_reference(model_dir: Path, ids: list[int]) -> np.ndarray:
+    """The normalized last hidden state (after the final norm) of `ids`, read by mlx_lm."""
+    import mlx.core as mx
+
+    hidden = _mlx_lm_model(str(model_dir)).model(mx.array([ids]))[0, -1].astype(mx.float32)
+    vector = np.array(hidden, dtype=np.float64)
+    return vector / np.linalg.norm(vector)
+
+
+@functools.cache
+def _mlx_lm_model(model_dir: str):
+    from mlx_lm import load
+
+    return load(model_dir)[0]

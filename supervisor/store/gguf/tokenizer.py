@@ -393,6 +393,11 @@ def gguf_tokenizer_fields(model_dir: Path, *, spm_merges: bool = False) -> dict[
         fields[K.MERGES] = merges
     fields.update(_gguf_special_ids(tokens, config, model_config))
     fields.update(_gguf_add_flags(tokenizer, config))
+    last = ((tokenizer.get("post_processor") or {}).get("single") or [{}])[-1]
+    if "SpecialToken" in last and last["SpecialToken"]["id"] in tokens:
+        # the token the template appends is the EOS it adds (gguf's SpecialVocab: an
+        # embedding model's "<|endoftext|>" where its chat EOS is another)
+        fields[K.EOS_ID] = tokens.index(last["SpecialToken"]["id"])
     if config.get("chat_template"):
         fields[K.CHAT_TEMPLATE] = config["chat_template"]
     return fields

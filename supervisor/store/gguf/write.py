@@ -123,6 +123,8 @@ def write_gguf(model_dir: Path, dest: Path, file_type: str = "F16") -> Path:
         return _write_encoder(model_dir, dest, file_type, config)
     arch, kv = arches.gguf_metadata(config)
     kv = {**kv, **gguf_tokenizer_fields(model_dir)}
+    if (model_dir / "modules.json").exists():  # an embedding model (Qwen3-Embedding)
+        kv[f"{arch}.pooling_type"] = _pooling_type(model_dir)
     writer = _writer(dest, arch, kv, file_type, config, model_dir)
     tensors = arches.stack_experts(_load_float32(model_dir))
     names = {arches.gguf_tensor_name(arch, hf_name) for hf_name in tensors}
@@ -167,18 +169,26 @@ def _finish(writer, dest: Path) -> Path:
     return dest
 
 
+def _pooling_type(model_dir: Path) -> int:
+    """llama.cpp's pooling type for the directory's sentence-transformers pooling."""
+    from mlxr.shared.sentence_transformers import read_pooling_config
+
+    from .pooling import POOLING
+
+    modes = read_pooling_config(model_dir).modes
+    kind = next((k for k, mode in POOLING.items() if [mode] == modes), None)
+    if kind is None:
+        raise ValueError(f"pooling {modes} has no GGUF form")
+    return kind
+
+
 def _write_encoder(model_dir: Path, dest: Path, file_type: str, config: dict) -> Path:
     """An encoder as llama.cpp's converter writes it: its pooling from the sentence-transformers
     files (mean where they say nothing), the WordPiece vocabulary in phantom-space form, the
     weights under GGUF names (the pooler and masked-LM heads left out, as llama.cpp does)."""
-    from mlxr.shared.sentence_transformers import read_pooling_config
-
     from . import encoders, wordpiece
 
-    modes = read_pooling_config(model_dir).modes
-    if len(modes) != 1 or modes[0] not in encoders.POOLING.values():
-        raise ValueError(f"pooling {modes} has no GGUF form")
-    arch, kv = encoders.gguf_metadata(config, modes[0])
+    arch, kv = encoders.gguf_metadata(config, _pooling_type(model_dir))
     kv = {**kv, **wordpiece.gguf_fields(model_dir, config.get("vocab_size"))}
     writer = _writer(dest, arch, kv, file_type, config, model_dir)
     for hf_name, x in sorted(_load_float32(model_dir).items()):

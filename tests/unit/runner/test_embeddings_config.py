@@ -1,4 +1,4 @@
-"""The sentence-transformers file rules (runner.pooling.read_pooling_config) on tmp_path,
+"""The sentence-transformers file rules (shared/sentence_transformers.py) on tmp_path,
 including the store's layout: a directory of symlinks to blobs."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mlxr.shared.sentence_transformers import PoolingConfig, modes_from_config, read_pooling_config
@@ -75,3 +76,15 @@ def test_modes_follow_sentence_transformers_order_and_reject_unsupported():
         modes_from_config({"pooling_mode_weightedmean_tokens": True})
     with pytest.raises(ValueError):
         modes_from_config({"pooling_mode_mean_tokens": False})
+
+
+def test_a_language_models_pooling_weights_pick_its_positions():
+    from mlxr.runner.embed.embeddings import position_weights
+
+    batch = [[5, 6, 7, 8], [9, 10]]
+    np.testing.assert_allclose(position_weights(batch, "mean"),
+                               [[0.25] * 4, [0.5, 0.5, 0, 0]])
+    np.testing.assert_array_equal(position_weights(batch, "lasttoken"),
+                                  [[0, 0, 0, 1], [0, 1, 0, 0]])
+    np.testing.assert_array_equal(position_weights(batch, "cls"),
+                                  [[1, 0, 0, 0], [1, 0, 0, 0]])

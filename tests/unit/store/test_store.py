@@ -244,3 +244,50 @@ def test_store_lock_excludes_another_process(store):
     finally:
         child.wait(10)
     assert waited > 0.3
+
+
+def _ollama_made(store: Store, name: str, gguf_kv: dict, template: str | None) -> None:
+    """A GGUF model as Ollama writes it into its store: a config blob naming no capabilities,
+    the GGUF as the model layer, the Go template as a layer of its own."""
+    import gguf
+
+    path = store.root / "made.gguf"
+    writer = gguf.GGUFWriter(str(path), gguf_kv.pop("general.architecture"))
+    for key, value in gguf_kv.items():
+        writer.add_key_value(key, value, gguf.GGUFValueType.STRING if isinstance(value, str)
+                             else gguf.GGUFValueType.UINT32)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    layers = []
+    for media, data in ((mf.MEDIA_MODEL, path.read_bytes()),
+                        *([(mf.MEDIA_TEMPLATE, template.encode())] if template else [])):
+        digest = hashlib.sha256(data).hexdigest()
+        (store.blobs.root / f"sha256-{digest}").write_bytes(data)
+        layers.append({"mediaType": media, "digest": f"sha256:{digest}", "size": len(data)})
+    config = json.dumps({"model_format": "gguf", "model_family": "x"}).encode()
+    digest = hashlib.sha256(config).hexdigest()
+    (store.blobs.root / f"sha256-{digest}").write_bytes(config)
+    manifest = {"schemaVersion": 2, "mediaType": mf.MEDIA_MANIFEST,
+                "config": {"mediaType": mf.MEDIA_CONFIG, "digest": f"sha256:{digest}",
+                           "size": len(config)}, "layers": layers}
+    from mlxr.supervisor.store.names import parse_name
+
+    store.write_manifest(parse_name(name), json.dumps(manifest).encode())
+
+
+@pytest.mark.parametrize("kv, template, caps", [
+    ({"general.architecture": "nomic-bert"}, None, ["embedding"]),
+    ({"general.architecture": "qwen3", "qwen3.pooling_type": 3}, None, ["embedding"]),
+    ({"general.architecture": "qwen3"}, "{{ .Prompt }}{{ if .Tools }}{{ .Tools }}{{ end }}"
+     "{{ if .Think }}<think>{{ end }}", ["completion", "tools", "thinking"]),
+    ({"general.architecture": "qwen3", "tokenizer.chat_template": CHAT_TEMPLATE}, None,
+     ["completion", "tools", "thinking"]),
+    ({"general.architecture": "llama"}, "{{ .Prompt }}", ["completion"]),
+])
+def test_ollama_made_gguf_models_get_the_capabilities_ollama_derives(store, kv, template, caps):
+    store.blobs.root.mkdir(parents=True, exist_ok=True)
+    _ollama_made(store, "made", dict(kv), template)
+    assert store.resolve("made").capabilities == caps

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from mlxr.shared.errors import InvalidModelFile
 from mlxr.shared.sentence_transformers import read_pooling_config
-from mlxr.supervisor.store.gguf import encoders, wordpiece
+from mlxr.supervisor.store.gguf import encoders, pooling, wordpiece
 from mlxr.supervisor.store.gguf.arch import UnsupportedArchitecture
 from mlxr.supervisor.store.gguf.tokenizer import UnsupportedTokenizer
 from tests.harness.encoders import minilm_dir, nomic_config
@@ -47,7 +47,7 @@ def test_a_rerankers_classifier_and_unknown_tensors_are_refused_by_name():
 
 def test_bert_config_round_trips_through_gguf_metadata():
     config = json.loads((minilm_dir() / "config.json").read_text())
-    arch, kv = encoders.gguf_metadata(config, "mean")
+    arch, kv = encoders.gguf_metadata(config, 1)
     assert arch == "bert" and kv["bert.pooling_type"] == 1
     back = encoders.hf_config(kv, vocab_size=30522, type_vocab_size=2, positions=512)
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
@@ -58,7 +58,7 @@ def test_bert_config_round_trips_through_gguf_metadata():
 
 def test_nomic_config_round_trips_with_llama_cpps_context_rule():
     config = nomic_config(hidden=768, layers=12, heads=12, inner=3072)
-    arch, kv = encoders.gguf_metadata(config, "mean")
+    arch, kv = encoders.gguf_metadata(config, 1)
     assert arch == "nomic-bert"
     assert kv["nomic-bert.context_length"] == 2048  # 8192 said, 2048 trained
     assert kv["nomic-bert.rope.freq_base"] == 1000.0
@@ -72,7 +72,7 @@ def test_nomic_config_round_trips_with_llama_cpps_context_rule():
 @pytest.mark.parametrize("kind, mode", [(1, "mean"), (2, "cls"), (3, "lasttoken")])
 def test_pooling_types_become_sentence_transformers_files(kind, mode, tmp_path):
     kv = {"general.architecture": "bert", "bert.pooling_type": kind}
-    files = encoders.sentence_transformers_files(kv, 512)
+    files = pooling.sentence_transformers_files(kv, 512)
     for name, data in files.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_bytes(data)
@@ -86,7 +86,7 @@ def test_pooling_types_become_sentence_transformers_files(kind, mode, tmp_path):
 @pytest.mark.parametrize("kind, what", [(0, "none"), (4, "rank")])
 def test_per_token_and_reranker_pooling_are_refused(kind, what):
     with pytest.raises(UnsupportedArchitecture, match=f"pooling type {what}"):
-        encoders.pooling_mode({"general.architecture": "bert", "bert.pooling_type": kind})
+        pooling.pooling_mode({"general.architecture": "bert", "bert.pooling_type": kind})
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +136,25 @@ def test_bad_wordpiece_metadata_is_refused(minilm_fields):
         wordpiece.hf_files(repeated)
     with pytest.raises(UnsupportedTokenizer, match='"gpt2" for an encoder'):
         wordpiece.check_tokenizer({K.MODEL: "gpt2"})
+
+
+@pytest.mark.parametrize("kind, embeds", [(None, False), (0, False), (1, True), (3, True)])
+def test_a_language_model_file_with_a_pooling_type_is_an_embedding_model(kind, embeds):
+    from types import SimpleNamespace
+
+    from mlxr.supervisor.store.config_blob import make_gguf_config_blob
+
+    kv = {"general.architecture": "qwen3", "qwen3.context_length": 40960,
+          "tokenizer.chat_template": "{% if tools %}<think>{% endif %}"}
+    if kind is not None:
+        kv["qwen3.pooling_type"] = kind
+    assert pooling.embeds(kv) is embeds
+    summary = SimpleNamespace(kv=kv, architecture="qwen3", parameter_count=10,
+                              file_type="F32", chat_template=kv["tokenizer.chat_template"])
+    caps = json.loads(make_gguf_config_blob(summary, [], None))["capabilities"]
+    assert caps == (["embedding"] if embeds else ["completion", "tools", "thinking"])
+    if embeds:
+        files = pooling.sentence_transformers_files(kv)
+        assert "sentence_bert_config.json" not in files  # a language model's own context
+    with pytest.raises(UnsupportedArchitecture, match="rank"):
+        pooling.pooling_mode({**kv, "qwen3.pooling_type": 4})  # Qwen3-Reranker
