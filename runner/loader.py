@@ -88,7 +88,8 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     from mlxr.shared.vision import vision_family
 
     if is_encoder_dir(config.model_dir):
-        emb = load_encoder_embedder(config.model_dir, config.context_length)
+        emb = load_encoder_embedder(config.model_dir, config.context_length,
+                                    host=config.host_attention and mx.default_device() == mx.cpu)
         return LoadedModel(emb.model, emb.tokenizer, emb.max_length, 1, emb.vocab_size,
                            ["embedding"], emb)
     adapter = Path(config.model_dir) / ADAPTER_DIR

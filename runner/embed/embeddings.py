@@ -176,6 +176,7 @@ class EncoderEmbedder:
     max_length: int
     dim: int
     vocab_size: int
+    host: Any = None  # runner/embed/host_encoder.py's HostEncoder: the forward pass in numpy
 
     def encode(self, texts: list[str], truncate: bool) -> list[list[int]]:
         return self.tokenizer.encode_for_embedding(texts, truncate)
@@ -184,6 +185,9 @@ class EncoderEmbedder:
         import mlx.core as mx
 
         ids, mask = pad_batch(batch)
+        if self.host is not None:
+            vectors = pool(self.host(ids, mask), mask, self.pooling.modes)
+            return l2_normalize(vectors) if self.pooling.normalize else vectors
         mask_mx = mx.array(mask)
         hidden = self.model(mx.array(ids), mask_mx).astype(mx.float32)
         vectors = pool(hidden, mask_mx, self.pooling.modes)
@@ -192,10 +196,13 @@ class EncoderEmbedder:
         return np.array(vectors)
 
 
-def load_encoder_embedder(model_dir: str | Path, context_length: int) -> EncoderEmbedder:
+def load_encoder_embedder(model_dir: str | Path, context_length: int,
+                          host: bool = False) -> EncoderEmbedder:
     """Load an encoder directory (BERT or Nomic BERT): weights, tokenizer.json and the
-    sentence-transformers files. The maximum input is max_seq_length (sentence_bert_config.json), else the position
-    table's size, else the tokenizer's model_max_length, whichever is least."""
+    sentence-transformers files. The maximum input is max_seq_length
+    (sentence_bert_config.json), else the position table's size, else the tokenizer's
+    model_max_length, whichever is least. `host`: run the forward pass in numpy (a CPU)."""
+    from mlxr.runner.embed.host_encoder import HostEncoder
     from mlxr.runner.embed.encoder import load_bert
     from mlxr.runner.embed.nomic import load_nomic
 
@@ -219,7 +226,8 @@ def load_encoder_embedder(model_dir: str | Path, context_length: int) -> Encoder
     tokenizer = EncoderTokenizer(model_dir / "tokenizer.json", max_length)
     return EncoderEmbedder(model=model, tokenizer=tokenizer, pooling=pooling,
                            max_length=max_length, dim=cfg.hidden_size * len(pooling.modes),
-                           vocab_size=cfg.vocab_size)
+                           vocab_size=cfg.vocab_size,
+                           host=HostEncoder.of(model) if host else None)
 
 
 # -- causal language models (mlx_lm) ---------------------------------------------------------

@@ -578,3 +578,70 @@ void mlxr_decode_layout(int64_t *out)
     out[3] = L_STRIDE;
     out[4] = C_SLOTS;
 }
+
+/* Encoders (runner/embed/host_encoder.py): element-wise steps of a BERT layer over rows
+ * [a, z) of `cols` floats, in place, so the caller may split the rows across threads. */
+
+#define CLONES
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MLXR_NO_CLONES)
+#undef CLONES
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+
+/* x = GELU(x + bias) in its erf form, 0.5 x (1 + erf(x / sqrt 2)); erf by Abramowitz and
+ * Stegun 7.1.26 (within 1.5e-7; 6e-7 in float32), its exp(-s^2) by exp8 */
+CLONES void mlxr_gelu_rows(float *x, const float *bias, long cols, long a, long z)
+{
+    const float p = 0.3275911f, a1 = 0.254829592f, a2 = -0.284496736f, a3 = 1.421413741f,
+                a4 = -1.453152027f, a5 = 1.061405429f;
+    const i8 sign = (i8)(v8){-0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f};
+    for (long r = a; r < z; r++) {
+        float *row = x + (size_t)r * cols;
+        long i = 0;
+        for (; i + 8 <= cols; i += 8) {
+            v8 v = *(v8 *)(row + i) + *(const v8 *)(bias + i);
+            v8 s = v * 0.70710678118654752f;
+            v8 m = (v8)((i8)s & ~sign); /* |s| */
+            v8 t = 1.0f / (1.0f + p * m);
+            v8 poly = t * (a1 + t * (a2 + t * (a3 + t * (a4 + t * a5))));
+            v8 e = 1.0f - poly * exp8(-(m * m)); /* erf(|s|) */
+            *(v8 *)(row + i) = 0.5f * v * (1.0f + (v8)((i8)e | ((i8)s & sign)));
+        }
+        for (; i < cols; i++) {
+            float v = row[i] + bias[i];
+            row[i] = 0.5f * v * (1.0f + __builtin_erff(v * 0.70710678118654752f));
+        }
+    }
+}
+
+/* g = silu(g) * u (a SwiGLU's gate and up projections, rows of `cols`) */
+CLONES void mlxr_silu_times_rows(float *g, const float *u, long cols, long a, long z)
+{
+    silu_times_into(g + (size_t)a * cols, g + (size_t)a * cols, u + (size_t)a * cols,
+                    (z - a) * cols);
+}
+
+/* x = LayerNorm(x + y + bias) * w + b, rows of `cols` (y and bias may be NULL) */
+CLONES void mlxr_add_layer_norm_rows(float *x, const float *y, const float *bias,
+                                     const float *w, const float *b, float eps, long cols,
+                                     long a, long z)
+{
+    for (long r = a; r < z; r++) {
+        float *row = x + (size_t)r * cols;
+        const float *other = y ? y + (size_t)r * cols : NULL;
+        double sum = 0.0, squares = 0.0;
+        for (long i = 0; i < cols; i++) {
+            float v = row[i] + (other ? other[i] : 0.0f) + (bias ? bias[i] : 0.0f);
+            row[i] = v;
+            sum += v;
+        }
+        float mean = (float)(sum / (double)cols);
+        for (long i = 0; i < cols; i++) {
+            float d = row[i] - mean;
+            squares += (double)(d * d);
+        }
+        float inverse = (float)(1.0 / __builtin_sqrt(squares / (double)cols + (double)eps));
+        for (long i = 0; i < cols; i++)
+            row[i] = (row[i] - mean) * inverse * w[i] + b[i];
+    }
+}

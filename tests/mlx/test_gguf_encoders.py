@@ -76,3 +76,62 @@ def test_a_padded_batch_gives_each_input_its_own_vector(tmp_path):
     batch = model.forward(ids)
     alone = np.concatenate([model.forward([i]) for i in ids])
     np.testing.assert_allclose(batch, alone, atol=2e-6)
+
+
+@pytest.mark.parametrize("kind", ["bert", "nomic"])
+@pytest.mark.parametrize("kernels", [True, False])
+def test_the_numpy_forward_pass_gives_mlxs_vectors(kind, kernels, tmp_path, monkeypatch):
+    """runner/embed/host_encoder.py (a CPU's path) against the MLX modules: a padded batch of
+    mixed lengths (BLAS products, keys masked per row) and one short input (the row kernel),
+    with the C element-wise steps and with numpy's."""
+    from mlxr.runner.embed import host_encoder
+
+    source = minilm_dir() if kind == "bert" else write_random_nomic(tmp_path / "n", seed=6)
+    mlx_side = load_encoder_embedder(source, 8192)
+    if not kernels:
+        monkeypatch.setattr(host_encoder.RowOps, "load", classmethod(lambda cls: None))
+        monkeypatch.setattr(host_encoder.RowKernel, "load", classmethod(lambda cls: None))
+    numpy_side = load_encoder_embedder(source, 8192, host=True)
+    assert (numpy_side.host.ops is not None) is kernels
+    ids = mlx_side.encode(TEXTS[:4], True)  # (MLX's own CPU products are slow in tests)
+    assert len(ids) * max(map(len, ids)) > host_encoder.ROW_KERNEL_ROWS >= len(ids[3])
+    np.testing.assert_allclose(numpy_side.forward(ids), mlx_side.forward(ids), atol=1e-6)
+    np.testing.assert_allclose(numpy_side.forward(ids[3:4]), mlx_side.forward(ids[3:4]),
+                               atol=1e-6)
+
+
+def test_erf_is_within_a_few_float32_roundings():
+    import math
+
+    from mlxr.runner.embed.host_encoder import erf
+
+    x = np.linspace(-6, 6, 20001, dtype=np.float32)
+    exact = np.array([math.erf(float(v)) for v in x])
+    assert np.abs(erf(x) - exact).max() < 6e-7  # A&S's 1.5e-7, then float32 arithmetic
+
+
+def test_the_c_element_wise_steps_match_their_definitions():
+    import math
+
+    from mlxr.runner.embed.host_encoder import RowOps, layer_norm, silu
+
+    ops = RowOps.load()
+    assert ops is not None, "the attention kernel's library did not build"
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((37, 67)) * 3).astype(np.float32)  # (a tail past 8 lanes)
+    bias = rng.standard_normal(67).astype(np.float32)
+    v = (x + bias).astype(np.float64)
+    exact = 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))
+    np.testing.assert_allclose(ops.gelu(x.copy(), bias), exact, atol=2e-6)
+    up = rng.standard_normal((37, 67)).astype(np.float32)
+    np.testing.assert_allclose(ops.silu_times(x.copy(), up), silu(x) * up, rtol=1e-5, atol=1e-6)
+    y = rng.standard_normal((37, 67)).astype(np.float32)
+    w, b = rng.standard_normal(67).astype(np.float32), rng.standard_normal(67).astype(np.float32)
+    np.testing.assert_allclose(ops.add_layer_norm(x.copy(), y, bias, (w, b), 1e-12),
+                               layer_norm(x + y + bias, w, b, 1e-12), atol=3e-6)
+    scores = x.copy()
+    ops.softmax(scores, 50)  # the first 50 columns are keys, the rest padding
+    expected = np.exp(x[:, :50] - x[:, :50].max(axis=1, keepdims=True))
+    np.testing.assert_allclose(scores[:, :50], expected / expected.sum(axis=1, keepdims=True),
+                               rtol=1e-5, atol=1e-7)
+    assert not scores[:, 50:].any()

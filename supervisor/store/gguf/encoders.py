@@ -57,6 +57,8 @@ SPECS: dict[str, EncoderSpec] = {s.gguf: s for s in (
                 "encoder.layers.{}"),
 )}
 ARCHITECTURES: tuple[str, ...] = tuple(SPECS)
+# Tables llama.cpp's converter keeps in F32 whatever the file type (rows added to F32 values).
+F32_TENSORS = ("position_embd.weight", "token_types.weight")
 _BY_MODEL_TYPE = {s.model_type: s for s in SPECS.values()}
 _GGUF_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _GGUF_GLOBAL = re.compile(r"(\w+)\.(weight|bias)")

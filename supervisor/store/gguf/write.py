@@ -185,7 +185,8 @@ def _pooling_type(model_dir: Path) -> int:
 def _write_encoder(model_dir: Path, dest: Path, file_type: str, config: dict) -> Path:
     """An encoder as llama.cpp's converter writes it: its pooling from the sentence-transformers
     files (mean where they say nothing), the WordPiece vocabulary in phantom-space form, the
-    weights under GGUF names (the pooler and masked-LM heads left out, as llama.cpp does)."""
+    weights under GGUF names (the pooler and masked-LM heads left out, the position and token
+    type tables kept F32, as llama.cpp does: its CPU adds no F16 row to F32)."""
     from . import encoders, wordpiece
 
     arch, kv = encoders.gguf_metadata(config, _pooling_type(model_dir))
@@ -196,6 +197,7 @@ def _write_encoder(model_dir: Path, dest: Path, file_type: str, config: dict) ->
         if hf_name.startswith(("pooler.", "cls.", "embeddings.position_ids")):
             continue
         name = encoders.gguf_tensor_name(arch, hf_name)
-        data, raw = _encode(np.ascontiguousarray(x), _tensor_type(file_type, name, x.shape))
+        kind = _tensor_type("F32" if name in encoders.F32_TENSORS else file_type, name, x.shape)
+        data, raw = _encode(np.ascontiguousarray(x), kind)
         writer.add_tensor(name, data, raw_dtype=raw)
     return _finish(writer, dest)
