@@ -151,7 +151,8 @@ class Settings:
     # On a CPU, attend float32 rows with many scores with numpy's softmax
     # (runner/kv/host_attention.py), take numpy's SwiGLU in prefill chunks
     # (runner/host_swiglu.py), and run decode steps of 1-2 rows in numpy
-    # (runner/host_body.py); MLXR_HOST_ATTENTION=0: always MLX's.
+    # (runner/host_body.py), and run embedding encoders in numpy (runner/embed/host_encoder.py);
+    # MLXR_HOST_ATTENTION=0: always MLX's.
     host_attention: bool = True
     # On a CUDA GPU, read prefill chunks with their attention in bucketed shapes, so that
     # cuDNN builds a few graphs, not one per chunk (runner/kv/bucketed_attention.py);

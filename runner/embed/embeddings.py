@@ -170,7 +170,7 @@ class EncoderTokenizer:
 
 @dataclass(slots=True)
 class EncoderEmbedder:
-    model: Any  # runner/embed: encoder.BertEncoder or nomic.NomicEncoder
+    model: Any  # runner/embed: encoder.BertEncoder or nomic.NomicEncoder; None with `host`
     tokenizer: EncoderTokenizer
     pooling: PoolingConfig
     max_length: int
@@ -224,10 +224,13 @@ def load_encoder_embedder(model_dir: str | Path, context_length: int,
             limits.append(model_max)
     max_length = min(limits)
     tokenizer = EncoderTokenizer(model_dir / "tokenizer.json", max_length)
-    return EncoderEmbedder(model=model, tokenizer=tokenizer, pooling=pooling,
-                           max_length=max_length, dim=cfg.hidden_size * len(pooling.modes),
-                           vocab_size=cfg.vocab_size,
-                           host=HostEncoder.of(model) if host else None)
+    host_encoder = HostEncoder.of(model) if host else None
+    # (with the numpy pass the MLX module goes: its weights live on in the views that pass
+    # holds, BERT's separate q/k/v arrays are freed)
+    return EncoderEmbedder(model=None if host_encoder else model, tokenizer=tokenizer,
+                           pooling=pooling, max_length=max_length,
+                           dim=cfg.hidden_size * len(pooling.modes), vocab_size=cfg.vocab_size,
+                           host=host_encoder)
 
 
 # -- causal language models (mlx_lm) ---------------------------------------------------------

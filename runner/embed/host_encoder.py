@@ -117,8 +117,13 @@ class RowOps:
 
 
 def _np(a: Any) -> np.ndarray:
+    """A float32 view of an MLX array's memory (float32 weights, as on a CPU: no copy; the
+    view keeps the array alive once the module goes), else a float32 copy."""
     import mlx.core as mx
 
+    if a.dtype == mx.float32:
+        mx.eval(a)
+        return np.asarray(a)
     return np.array(a.astype(mx.float32), dtype=np.float32)
 
 
@@ -152,7 +157,8 @@ class HostEncoder:
 
     @classmethod
     def of(cls, model: Any) -> "HostEncoder":
-        """Copy the weights of an encoder.BertEncoder or nomic.NomicEncoder."""
+        """The weights of an encoder.BertEncoder or nomic.NomicEncoder, as views of its float32
+        arrays (BERT's q, k and v joined in a copy); the caller may then drop the module."""
         from mlxr.runner.embed.nomic import NomicEncoder
 
         if isinstance(model, NomicEncoder):

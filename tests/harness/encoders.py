@@ -121,17 +121,21 @@ def write_qwen3_embedding(dest: Path, seed: int = 7) -> Path:
     "<|endoftext|>" to every input, and sentence-transformers pools that last token."""
     from mlxr.supervisor.store.random_model import write_random_model
 
-    write_random_model(dest, "tiny", seed=seed)
+    write_random_model(dest, "qwen3", seed=seed)  # (its small tokenizer has the token too)
     tokenizer = json.loads((dest / "tokenizer.json").read_text(encoding="utf-8"))
     end = {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}
+    end_id = endoftext_id(dest)
     tokenizer["post_processor"] = {
         "type": "TemplateProcessing",
         "single": [{"Sequence": {"id": "A", "type_id": 0}}, end],
         "pair": [{"Sequence": {"id": "A", "type_id": 0}}, end,
                  {"Sequence": {"id": "B", "type_id": 1}}, end],
-        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [QWEN3_ENDOFTEXT],
+        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [end_id],
                                              "tokens": ["<|endoftext|>"]}}}
     (dest / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    config = json.loads((dest / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config.pop("add_eos_token", None)  # (the template adds it; the small tokenizer says no)
+    (dest / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     (dest / "modules.json").write_text(json.dumps([
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -142,7 +146,9 @@ def write_qwen3_embedding(dest: Path, seed: int = 7) -> Path:
     return dest
 
 
-QWEN3_ENDOFTEXT = 151643
+def endoftext_id(model_dir: Path) -> int:
+    tokenizer = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    return next(a["id"] for a in tokenizer["added_tokens"] if a["content"] == "<|endoftext|>")
 
 
 def last_token_reference(model_dir: Path, ids: list[int]) -> np.ndarray:

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from mlxr.supervisor.store.gguf.write import write_gguf
-from tests.harness.encoders import (QWEN3_ENDOFTEXT, last_token_reference, nomic_reference,
+from tests.harness.encoders import (endoftext_id, last_token_reference, nomic_reference,
                                     write_qwen3_embedding, write_random_nomic)
 from tests.harness.server import serving
 
@@ -177,7 +177,7 @@ def test_a_language_model_made_an_embedding_model_pools_its_last_token(server, q
     counts = 0
     for text, vector in zip(texts, reply.embeddings):
         ids = tokenizer.encode(text).ids
-        assert ids[-1] == QWEN3_ENDOFTEXT
+        assert ids[-1] == endoftext_id(qwen3_embedding)
         counts += len(ids)
         assert cosine(vector, last_token_reference(qwen3_embedding, ids)) >= 0.99999, text
     assert reply.prompt_eval_count == counts

@@ -72,7 +72,8 @@ def _file_type_name(kv: dict[str, Any], types: dict[str, int]) -> str:
     code = kv.get("general.file_type")
     if isinstance(code, int):
         try:
-            return LlamaFileType(code).name.removeprefix("MOSTLY_").replace("GUESSED", "")
+            name = LlamaFileType(code).name  # "MOSTLY_Q4_K_M", "ALL_F32" (Ollama: "F32")
+            return name.removeprefix("MOSTLY_").removeprefix("ALL_").replace("GUESSED", "")
         except ValueError:
             pass
     counts = collections.Counter(t for n, t in types.items() if n.endswith(".weight"))
