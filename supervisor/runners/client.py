@@ -456,8 +456,10 @@ async def _ready(client: RunnerClient, timeout_s: float) -> RunnerClient:
 
 
 def _port_taken(client: RunnerClient) -> bool:
-    """Did the (stopped) runner fail because its port was in use (EADDRINUSE)?"""
-    return "address already in use" in client.stderr_tail().lower()
+    """Did the (stopped) runner fail because its port was in use (EADDRINUSE: the HTTP
+    server's words, or MLX's ring backend's for one of a group's ring ports)?"""
+    tail = client.stderr_tail().lower()
+    return "address already in use" in tail or "couldn't bind socket (error: 98)" in tail
 
 
 def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
@@ -488,10 +490,19 @@ def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
             probe_cache_dir=str(settings.cache_dir / "probes"))
         if spec.hosts:  # one runner made of the hostfile's ranks
             await check_remote_memory(spec, settings.remote_shell)
-            client: RunnerClient = await RunnerGroup.spawn_group(
-                config, list(spec.hosts), module=settings.runner_module, blas=library,
-                remote_shell=settings.remote_shell)
-            return await _ready(client, settings.load_timeout_s)
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                # (each start draws the ring's ports afresh, spawn_group's ring_addresses)
+                client: RunnerClient = await RunnerGroup.spawn_group(
+                    config, list(spec.hosts), module=settings.runner_module, blas=library,
+                    remote_shell=settings.remote_shell)
+                try:
+                    return await _ready(client, settings.load_timeout_s)
+                except RunnerFailed:
+                    if attempt == PORT_ATTEMPTS or not _port_taken(client):
+                        raise
+                log.info("a port of %s's ranks was taken before it was bound; trying others",
+                         spec.name)
+                config = dataclasses.replace(config, port=free_port())
         attempts = 1
         spare = spares.take(library) if spares is not None else None
         while True:

@@ -144,3 +144,60 @@ def test_the_hostfile_is_read_again_only_when_it_changes(tmp_path):
     path.write_text(json.dumps([{"ssh": "localhost"}] * 3))
     os.utime(path, ns=(1, 1))  # a new stamp, however fast the rewrite
     assert [h.ssh for h in hostfile_hosts(path)] == ["localhost"] * 3
+
+
+@pytest.mark.parametrize("tail, starts", [("[ring] Couldn't bind socket (error: 98)", 2),
+                                          ("RuntimeError: out of memory", 1)])
+def test_a_group_whose_ring_port_was_taken_starts_again_with_other_ports(monkeypatch, tail,
+                                                                         starts):
+    """MLX's ring binds the ports `ring_addresses` drew a moment before; another process may
+    take one first (seen under the parallel suite: a restarted group's start failed with
+    EADDRINUSE). The group then starts again on ports drawn afresh, as a single runner does
+    for its HTTP port; any other failure is the load's error."""
+    import dataclasses
+
+    from mlxr.shared.config import Settings
+    from mlxr.supervisor.runners import client as runner_client
+
+    made = []
+
+    class Group:
+        def __init__(self, config):
+            self.config, self.failed = config, not made
+
+        def stderr_tail(self) -> str:
+            return tail if self.failed else ""
+
+    async def spawn_group(config, hosts, **_):
+        group = Group(config)
+        made.append(group)
+        return group
+
+    async def ready(client, timeout_s):
+        if client.failed:
+            raise RunnerFailed("failed to load model", stderr_tail=client.stderr_tail())
+        return client
+
+    async def enough_memory(spec, shell):
+        return None
+
+    monkeypatch.setattr(runner_client.RunnerGroup, "spawn_group", staticmethod(spawn_group))
+    monkeypatch.setattr(runner_client, "_ready", ready)
+    monkeypatch.setattr(runner_client, "check_remote_memory", enough_memory)
+
+    class NoBlas:
+        async def choice(self):
+            return SimpleNamespace(path=None)
+
+    settings = dataclasses.replace(Settings(), load_timeout_s=5.0)
+    spec = SimpleNamespace(model_dir="/x", name="m:latest", context_length=2048,
+                                 kv_cache_bytes=1 << 30, local_ranks=2, sharding="auto",
+                                 hosts=("a", "b"))
+    start = runner_client.make_runner_factory(settings, NoBlas())
+    if starts == 1:
+        with pytest.raises(RunnerFailed, match="out of memory"):
+            asyncio.run(start(spec))
+    else:
+        assert not asyncio.run(start(spec)).failed
+        assert made[0].config.port != made[1].config.port
+    assert len(made) == starts
