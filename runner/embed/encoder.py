@@ -140,13 +140,17 @@ class BertEncoder(nn.Module):
         if token_type_ids is None:
             token_type_ids = mx.zeros_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids)
-        # Additive key mask (B, 1, 1, L): padded keys get -inf. Every row has at least one
-        # real token, so no softmax row is all -inf.
-        mask = mx.where(attention_mask[:, None, None, :].astype(mx.bool_),
-                        mx.array(0.0, x.dtype), mx.array(-mx.inf, x.dtype))
+        mask = key_mask(attention_mask, x.dtype)
         for layer in self.encoder.layer:
             x = layer(x, mask)
         return x
+
+
+def key_mask(attention_mask: mx.array, dtype: mx.Dtype) -> mx.array:
+    """The additive key mask (B, 1, 1, L) of a 0/1 mask of real tokens: padded keys get -inf.
+    Every row has at least one real token, so no softmax row is all -inf."""
+    return mx.where(attention_mask[:, None, None, :].astype(mx.bool_),
+                    mx.array(0.0, dtype), mx.array(-mx.inf, dtype))
 
 
 def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -1,9 +1,9 @@
 """The encoders' forward pass in numpy, for a CPU: BERT (runner/embed/encoder.py) and Nomic BERT
-(runner/embed/nomic.py) with their weights copied out of the MLX modules as float32 arrays.
+(runner/embed/nomic.py), reading their float32 weights in place (numpy views of the MLX arrays).
 
 Why: on a CPU, MLX's float32 products are 3-4x slower than numpy's BLAS for these shapes and
-its dispatch costs milliseconds a short input (docs/PERFORMANCE.md, "Embedding models"), so a
-query took ~100 ms where llama.cpp takes ~30. The MLX modules stay the reference and serve
+its dispatch costs milliseconds a short input (docs/PERFORMANCE.md, "Embedding models from
+GGUF"): a nomic-embed-text-sized query took 85-95 ms, where llama.cpp takes about 26. The MLX modules stay the reference and serve
 GPUs; tests hold the two to the same vectors.
 
 - Projections are one BLAS product each over every row of the batch (q/k/v fused).
@@ -123,7 +123,7 @@ def _np(a: Any) -> np.ndarray:
 
     if a.dtype == mx.float32:
         mx.eval(a)
-        return np.asarray(a)
+        return np.ascontiguousarray(np.asarray(a))  # (a copy only for a strided array)
     return np.array(a.astype(mx.float32), dtype=np.float32)
 
 

@@ -19,6 +19,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlxr.runner.embed.encoder import key_mask
+
 
 @dataclass(slots=True)
 class NomicConfig:
@@ -134,8 +136,7 @@ class NomicEncoder(nn.Module):
         x = self.embeddings.word_embeddings(input_ids) + \
             self.embeddings.token_type_embeddings(token_type_ids)
         x = self.emb_ln(x)
-        mask = mx.where(attention_mask[:, None, None, :].astype(mx.bool_),
-                        mx.array(0.0, x.dtype), mx.array(-mx.inf, x.dtype))
+        mask = key_mask(attention_mask, x.dtype)
         for block in self.encoder.layers:
             x = block(x, mask)
         return x

@@ -64,13 +64,18 @@ def write_random_nomic(dest: Path, seed: int = 0, **shape: int) -> Path:
     (dest / "config.json").write_text(json.dumps(config, indent=2))
     for name in TOKENIZER_FILES:
         shutil.copy(minilm_dir() / name, dest / name)
-    (dest / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize",
-         "type": "sentence_transformers.models.Normalize"}]))
-    (dest / "1_Pooling").mkdir(exist_ok=True)
-    (dest / "1_Pooling/config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    return _pooled(dest, 1)
+
+
+def _pooled(dest: Path, pooling_type: int) -> Path:
+    """modules.json and 1_Pooling/config.json for llama.cpp's pooling type (1 mean, 3 last
+    token), then Normalize, as the store writes them for a GGUF embedding model."""
+    from mlxr.supervisor.store.gguf.pooling import sentence_transformers_files
+
+    kv = {"general.architecture": "x", "x.pooling_type": pooling_type}
+    for name, data in sentence_transformers_files(kv).items():
+        (dest / name).parent.mkdir(exist_ok=True)
+        (dest / name).write_bytes(data)
     return dest
 
 
@@ -136,14 +141,7 @@ def write_qwen3_embedding(dest: Path, seed: int = 7) -> Path:
     config = json.loads((dest / "tokenizer_config.json").read_text(encoding="utf-8"))
     config.pop("add_eos_token", None)  # (the template adds it; the small tokenizer says no)
     (dest / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-    (dest / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize",
-         "type": "sentence_transformers.models.Normalize"}]))
-    (dest / "1_Pooling").mkdir(exist_ok=True)
-    (dest / "1_Pooling/config.json").write_text(json.dumps({"pooling_mode_lasttoken": True}))
-    return dest
+    return _pooled(dest, 3)
 
 
 def endoftext_id(model_dir: Path) -> int:
