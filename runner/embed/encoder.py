@@ -165,18 +165,22 @@ def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
 
 
 def load_bert(model_dir: str | Path) -> BertEncoder:
-    """Build the encoder from config.json and load every *.safetensors file (strictly: a
-    missing or unexpected tensor is an error, not a silently random weight)."""
+    """Build the encoder from config.json and load its weights (`load_weights`)."""
     model_dir = Path(model_dir)
     cfg = BertConfig.from_dict(json.loads((model_dir / "config.json").read_text()))
+    return load_weights(BertEncoder(cfg), model_dir, sanitize)
+
+
+def load_weights(model: nn.Module, model_dir: Path, rename=lambda weights: weights):
+    """`model` with every *.safetensors file of `model_dir` loaded strictly (a missing or
+    unexpected tensor is an error, not a silently random weight), after `rename`."""
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no .safetensors weights in {model_dir}")
     weights: dict[str, mx.array] = {}
     for path in files:
         weights.update(mx.load(str(path)))
-    model = BertEncoder(cfg)
-    model.load_weights(list(sanitize(weights).items()), strict=True)
+    model.load_weights(list(rename(weights).items()), strict=True)
     mx.eval(model.parameters())
     model.eval()
     return model

@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxr.runner.embed.encoder import key_mask
+from mlxr.runner.embed.encoder import key_mask, load_weights
 
 
 @dataclass(slots=True)
@@ -143,17 +143,7 @@ class NomicEncoder(nn.Module):
 
 
 def load_nomic(model_dir: str | Path) -> NomicEncoder:
-    """Build the encoder from config.json and load every *.safetensors file strictly."""
+    """Build the encoder from config.json and load its weights (encoder.load_weights)."""
     model_dir = Path(model_dir)
     cfg = NomicConfig.from_dict(json.loads((model_dir / "config.json").read_text()))
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no .safetensors weights in {model_dir}")
-    weights: dict[str, mx.array] = {}
-    for path in files:
-        weights.update(mx.load(str(path)))
-    model = NomicEncoder(cfg)
-    model.load_weights(list(weights.items()), strict=True)
-    mx.eval(model.parameters())
-    model.eval()
-    return model
+    return load_weights(NomicEncoder(cfg), model_dir)
