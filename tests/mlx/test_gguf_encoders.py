@@ -135,3 +135,27 @@ def test_the_c_element_wise_steps_match_their_definitions():
     np.testing.assert_allclose(scores[:, :50], expected / expected.sum(axis=1, keepdims=True),
                                rtol=1e-5, atol=1e-7)
     assert not scores[:, 50:].any()
+
+
+def test_a_cls_pooled_gguf_gives_the_first_tokens_state(tmp_path):
+    """mxbai-embed-large and snowflake-arctic-embed pool the [CLS] token (pooling type 2): a
+    GGUF saying so embeds as the normalized first hidden state of the same weights."""
+    import shutil
+
+    import mlx.core as mx
+
+    from mlxr.runner.embed.encoder import load_bert
+    from mlxr.supervisor.store.gguf.header import read_gguf
+
+    source = tmp_path / "cls"
+    shutil.copytree(minilm_dir(), source)
+    (source / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 384, "pooling_mode_cls_token": True}))
+    gguf_path, dest = _import(source, tmp_path, "F32")
+    assert read_gguf(gguf_path, skip_arrays=True).kv["bert.pooling_type"] == 2
+    model = load_encoder_embedder(dest, 8192, host=True)
+    ids = model.encode(TEXTS[:3], True)
+    bert = load_bert(minilm_dir())
+    for row, tokens in zip(model.forward(ids), ids):
+        first = np.array(bert(mx.array([tokens]), mx.ones((1, len(tokens))))[0, 0])
+        np.testing.assert_allclose(row, first / np.linalg.norm(first), atol=1e-6)
