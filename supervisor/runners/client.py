@@ -490,32 +490,28 @@ def make_runner_factory(settings: Settings, blas: BlasSelection | None = None,
             probe_cache_dir=str(settings.cache_dir / "probes"))
         if spec.hosts:  # one runner made of the hostfile's ranks
             await check_remote_memory(spec, settings.remote_shell)
-            for attempt in range(1, PORT_ATTEMPTS + 1):
-                # (each start draws the ring's ports afresh, spawn_group's ring_addresses)
-                client: RunnerClient = await RunnerGroup.spawn_group(
+
+            async def spawn(config: RunnerConfig) -> RunnerClient:
+                # (each start draws the ring's ports afresh: spawn_group's ring_addresses)
+                return await RunnerGroup.spawn_group(
                     config, list(spec.hosts), module=settings.runner_module, blas=library,
                     remote_shell=settings.remote_shell)
-                try:
-                    return await _ready(client, settings.load_timeout_s)
-                except RunnerFailed:
-                    if attempt == PORT_ATTEMPTS or not _port_taken(client):
-                        raise
-                log.info("a port of %s's ranks was taken before it was bound; trying others",
-                         spec.name)
-                config = dataclasses.replace(config, port=free_port())
+        else:
+            spare = iter([spares.take(library)] if spares is not None else [])
+
+            async def spawn(config: RunnerConfig) -> RunnerClient:
+                return await RunnerClient.spawn(config, module=settings.runner_module,
+                                                blas=library, spare=next(spare, None))
         attempts = 1
-        spare = spares.take(library) if spares is not None else None
         while True:
-            client = await RunnerClient.spawn(config, module=settings.runner_module,
-                                              blas=library, spare=spare)
-            spare = None
+            client = await spawn(config)
             try:
                 return await _ready(client, settings.load_timeout_s)
             except RunnerFailed:
                 if attempts == PORT_ATTEMPTS or not _port_taken(client):
                     raise
-            log.info("port %d was taken before the runner bound it; trying another",
-                     config.port)
+            log.info("a port of %s (%d, or its ranks') was taken before it was bound; trying "
+                     "others", spec.name, config.port)
             config = dataclasses.replace(config, port=free_port())
             attempts += 1
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .arch import UnsupportedArchitecture
-from .pooling import pooling_mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +110,6 @@ def hf_config(kv: Mapping[str, Any], *, vocab_size: int, type_vocab_size: int,
     """config.json from GGUF metadata. `positions`: the rows of the position table (BERT)."""
     arch = str(kv.get("general.architecture"))
     s = SPECS[arch]
-    pooling_mode(kv)  # refuse what cannot be pooled before anything is written
     hidden = int(_get(kv, arch, "embedding_length"))
     heads = int(_get(kv, arch, "attention.head_count"))
     if hidden % heads:
