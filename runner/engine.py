@@ -41,7 +41,7 @@ from mlxr.runner.outputs import Outputs
 from mlxr.runner.request import Sequence
 from mlxr.runner.sampling import Sampler
 from mlxr.runner.scheduler import Scheduler, StepResult
-from mlxr.runner.text_stream import fast_decode
+from mlxr.runner.text_stream import output_decode
 
 log = logging.getLogger("mlxr.runner")
 
@@ -175,7 +175,7 @@ class Engine:
         loaded = load_model(self.config, self.blas.describe(), self._set_progress, group)
         if group is not None:
             self.leader = Leader(group, loaded.model_step, self.config)
-        self.outputs = Outputs(fast_decode(loaded.tokenizer, skip_special=True))
+        self.outputs = Outputs(output_decode(loaded.tokenizer))
         self.scheduler = make_scheduler(self.config, loaded, self.outputs.stop_matched,
                                         self.leader)
         self._bytes_per_token = loaded.bytes_per_token

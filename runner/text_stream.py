@@ -10,6 +10,8 @@ Invariants:
   emitted, nor anything after it.
 - Decoding works on a small window of tokens (prefix + new), so the cost per token is constant,
   and the result equals decoding all tokens at once.
+- Generated text skips special tokens, except a chat format's structural ones (`output_decode`:
+  gpt-oss's harmony channels and message boundaries), which the supervisor's parser reads.
 """
 
 from __future__ import annotations
@@ -90,3 +92,26 @@ def fast_decode(tokenizer, skip_special: bool) -> Decode:
     if inner is not None and hasattr(inner, "decode"):
         return lambda ids: inner.decode(ids, skip_special_tokens=skip_special)
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special)
+
+
+# The harmony format's structure (gpt-oss): its parser splits thinking, tool calls and the
+# answer on these. `<|return|>` and `<|call|>` end a reply (end-of-sequence ids), never text.
+STRUCTURAL_TOKENS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>")
+
+
+def structural_ids(tokenizer) -> set[int]:
+    """Ids of STRUCTURAL_TOKENS when the tokenizer speaks harmony (has them all), else none."""
+    vocab = getattr(getattr(tokenizer, "hf", None), "added_tokens_encoder", None) or {}
+    ids = {vocab.get(t) for t in STRUCTURAL_TOKENS}
+    return set() if None in ids else ids
+
+
+def output_decode(tokenizer) -> Decode:
+    """Text of generated ids: special tokens skipped but the structural ones."""
+    keep = structural_ids(tokenizer)
+    if not keep:
+        return fast_decode(tokenizer, skip_special=True)
+    added = tokenizer.hf.added_tokens_decoder
+    drop = frozenset(i for i, token in added.items() if token.special and i not in keep)
+    raw = fast_decode(tokenizer, skip_special=False)
+    return lambda ids: raw([i for i in ids if i not in drop])

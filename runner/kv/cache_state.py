@@ -3,9 +3,10 @@
 A plain layer (mlx_lm's KVCache) keeps every position, so its state serves any shorter prefix.
 A sliding-window layer (RotatingKVCache: Gemma 3's local layers) keeps only the last positions
 of what it has seen, so a state made at length n serves a prefix of length m only when it still
-holds everything the layer needs at m: all positions from 0 (nothing evicted yet), or at least
-a full window ending at m. In practice that is the continuation of a conversation (m = n) and
-the same prompt sent again (m = n - 1, one token left to compute).
+holds everything the layer needs at m: all positions from 0 (nothing evicted yet), or the
+window's last max_size - 1 positions before m (position m itself completes the window). In
+practice that is the continuation of a conversation (m = n) and the same prompt sent again
+(m = n - 1, one token left to compute), whatever the size of the prompt's last chunk.
 
 Invariants:
 - `state.keys[..., i, :]` is position `state.start + i`, in order, and the last is position
@@ -54,13 +55,21 @@ def take(cache, length: int) -> LayerState:
 def restorable(cache, state: LayerState, length: int) -> bool:
     if type(cache) is KVCache:
         return True
-    return state.start == 0 or length - state.start >= cache.max_size
+    return state.start == 0 or length - state.start >= cache.max_size - 1
 
 
 def restore(cache, state: LayerState, length: int) -> None:
     """Seed an empty cache with the state's first `length` positions (`restorable` holds)."""
     n = length - state.start
-    cache.keys, cache.values = state.keys[..., :n, :], state.values[..., :n, :]
+    keys, values = state.keys[..., :n, :], state.values[..., :n, :]
+    if type(cache) is RotatingKVCache and state.start > 0 and n < cache.max_size:
+        # A full window less one: one slot more, before the oldest, which the next write
+        # takes (a single position overwrites the oldest slot; a chunk trims it first), so
+        # mlx_lm's cache never sees a window it did not fill itself.
+        keys = mx.concatenate([keys[..., :1, :], keys], axis=2)
+        values = mx.concatenate([values[..., :1, :], values], axis=2)
+        n += 1
+    cache.keys, cache.values = keys, values
     cache.offset = length
     if type(cache) is RotatingKVCache:
         cache._idx = n

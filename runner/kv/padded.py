@@ -32,16 +32,16 @@ class PaddedBatch:
         self.rows: list = []
         self.batch: list[Any] | None = None
         self.prefills: dict[int, list[Any]] = {}
-        self.supports_prefix = all(cache_state.cacheable(c) for c in make_prompt_cache(model))
+        self._layers = make_prompt_cache(model)  # (read for each layer's kind and window)
+        self.supports_prefix = all(cache_state.cacheable(c) for c in self._layers)
 
     def admit(self, seq, admission) -> int:
         """Give a newly admitted sequence its cache, seeded from the longest cached prefix."""
         caches = make_prompt_cache(self.model)
         reused = 0
         if self.prefix_cache is not None and self.supports_prefix:
-            hit = self.prefix_cache.lookup(seq.cache_tokens)
-            if hit is not None and all(cache_state.restorable(c, state, hit.length)
-                                       for c, state in zip(caches, hit.entry.payload)):
+            hit = self.prefix_cache.lookup(seq.cache_tokens, self._serves)
+            if hit is not None:
                 reused = hit.length
                 for cache, state in zip(caches, hit.entry.payload):
                     cache_state.restore(cache, state, reused)
@@ -60,7 +60,8 @@ class PaddedBatch:
     def join(self, seq) -> None:
         caches = self.prefills.pop(seq.seq_id)
         if self.supports_prefix and self.prefix_cache is not None:
-            self._store(caches, seq)
+            # (the whole prompt: the scheduler counts the last chunk after this step)
+            self._store(caches, seq, caches[0].offset)
         if self.batch is None:
             self.batch = [type(c).merge([c]) for c in caches]
         else:
@@ -118,11 +119,18 @@ class PaddedBatch:
     def reset(self) -> None:
         self.rows, self.batch, self.prefills = [], None, {}
 
-    def _store(self, caches: list[Any], seq) -> None:
-        length = seq.num_computed
+    def _store(self, caches: list[Any], seq, length: int | None = None) -> None:
+        length = seq.num_computed if length is None else length
         if length <= 0:
             return
         payload = [cache_state.take(c, length) for c in caches]
         mx.eval([(state.keys, state.values) for state in payload])
         nbytes = sum(state.nbytes for state in payload)
-        self.prefix_cache.store(seq.cache_tokens[:length], payload, nbytes)
+        self.prefix_cache.store(seq.cache_tokens[:length], payload, nbytes, self._serves)
+
+    def _serves(self, payload: list, length: int) -> bool:
+        """Whether a state (one per layer) holds what the first `length` positions need: a
+        sliding-window layer's keeps only its last positions (a prompt's state serves the
+        prompt sent again; the state at the end of its reply no longer does)."""
+        return all(cache_state.restorable(c, state, length)
+                   for c, state in zip(self._layers, payload))

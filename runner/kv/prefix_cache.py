@@ -2,8 +2,11 @@
 
 Invariants:
 - Each entry holds the KV state of exactly `len(entry.tokens)` tokens (all layers).
-- No entry's tokens are a prefix of another entry's tokens: storing a longer sequence drops
-  the shorter ones it extends, and storing a prefix of an existing entry only refreshes it.
+- No entry's tokens are a prefix of another entry's tokens that can serve them: storing a
+  longer sequence drops the shorter ones it extends, and storing a prefix of an existing entry
+  only refreshes it, where `serves(payload, length)` says the longer state holds what that
+  length needs (always, by default; a sliding-window layer's state may have dropped it).
+- `lookup` returns the longest match that `serves` allows.
 - Total payload bytes stay within `max_bytes`, evicting least recently used entries first.
 - `lookup` never returns a match covering the whole query: at least one token is left to
   compute, so a prompt equal to a cached prompt plus its output still produces logits.
@@ -13,9 +16,16 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+
+# Whether a payload (the state of its entry's tokens) can seed a cache for its first `length`.
+Serves = Callable[[Any, int], bool]
+
+
+def _always(payload: Any, length: int) -> bool:
+    return True
 
 
 @dataclass(slots=True)
@@ -40,7 +50,7 @@ class PrefixCache:
     nbytes: int = 0
     _clock: itertools.count = field(default_factory=itertools.count)
 
-    def lookup(self, tokens: list[int]) -> Hit | None:
+    def lookup(self, tokens: list[int], serves: Serves = _always) -> Hit | None:
         if not self.entries or len(tokens) < 2:
             return None
         query = np.asarray(tokens, dtype=np.int64)  # int64: image keys are negative 60-bit
@@ -51,14 +61,15 @@ class PrefixCache:
                 continue
             diff = np.flatnonzero(entry.tokens[:n] != query[:n])
             length = int(diff[0]) if diff.size else n
-            if length > (best.length if best else 0):
+            if length > (best.length if best else 0) and serves(entry.payload, length):
                 best = Hit(entry, length)
         if best is None or best.length < self.min_tokens:
             return None
         best.entry.last_used = next(self._clock)
         return best
 
-    def store(self, tokens: list[int], payload: Any, nbytes: int) -> bool:
+    def store(self, tokens: list[int], payload: Any, nbytes: int,
+              serves: Serves = _always) -> bool:
         """Keep `payload` as the KV state of `tokens`; returns whether it was kept."""
         if len(tokens) < self.min_tokens or nbytes > self.max_bytes:
             return False
@@ -66,10 +77,11 @@ class PrefixCache:
         keep: list[Entry] = []
         for entry in self.entries:
             n = len(entry.tokens)
-            if n >= len(new) and np.array_equal(entry.tokens[: len(new)], new):
+            if n >= len(new) and np.array_equal(entry.tokens[: len(new)], new) \
+                    and serves(entry.payload, len(new)):
                 entry.last_used = next(self._clock)  # already covered
                 return False
-            if n < len(new) and np.array_equal(new[:n], entry.tokens):
+            if n < len(new) and np.array_equal(new[:n], entry.tokens) and serves(payload, n):
                 self.nbytes -= entry.nbytes  # the new entry extends it
                 continue
             keep.append(entry)

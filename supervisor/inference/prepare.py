@@ -13,6 +13,7 @@ from typing import Any
 from mlxr.shared.errors import InvalidRequest
 from mlxr.shared.protocol import Options
 from mlxr.shared.vision import placeholder, vision_family
+from mlxr.supervisor.inference.harmony import FINAL_MESSAGE, HarmonyParser, ToolNames, is_harmony
 from mlxr.supervisor.inference.options import check_options
 from mlxr.supervisor.inference.prompt import GoRenderer, Renderer, renderer_for
 from mlxr.supervisor.inference.truncate import fit_messages
@@ -85,6 +86,8 @@ class ChatPlan:
     fmt: Any
     think: bool | str | None
     context_length: int
+    # A harmony model's tools under the names its prompt declares them by (None otherwise).
+    names: ToolNames | None = None
 
     @property
     def text_chars(self) -> int:
@@ -92,6 +95,9 @@ class ChatPlan:
                    if isinstance(m.get("content"), str))
 
     def render(self, messages: list[dict[str, Any]]) -> str:
+        if self.names is not None:
+            return self.renderer.chat(self.names.messages(messages),
+                                      self.names.tools(self.req.tools) or None, self.think)
         return self.renderer.chat(messages, self.req.tools or None, self.think)
 
     def finish(self) -> Prepared:
@@ -104,7 +110,7 @@ class ChatPlan:
                                     self.runner_dir, renderer.add_special)
         prompt = self.render(with_image_marks(messages, renderer, self.runner_dir))
         parser = output_parser(renderer, prompt, self.think,
-                               _tool_parser(self.req, renderer, self.fmt))
+                               _tool_parser(self.req, renderer, self.fmt), self.names)
         return Prepared(self.record, self.runner_dir, prompt, self.options, parser,
                         format=self.fmt,
                         format_after=_format_after(renderer, prompt, self.think, self.fmt),
@@ -130,10 +136,16 @@ def plan_chat(req: ChatRequest, record: Any, store: Any, context_length: int) ->
     if record.system and req.messages[0].get("role") != "system":
         messages.insert(0, {"role": "system", "content": record.system})
     runner_dir = store.runner_dir(record)
-    return ChatPlan(req, record, runner_dir, renderer_for(runner_dir, record.template,
-                                                          tools=bool(req.tools)),
-                    messages, merge_options(record, req.options, context_length), fmt, think,
-                    context_length)
+    renderer = renderer_for(runner_dir, record.template, tools=bool(req.tools))
+    names = None
+    if is_harmony(renderer.source) and req.force_call is None:
+        think = _harmony_level(think)
+        names = ToolNames([t["function"]["name"] for t in req.tools or []
+                           if isinstance(t.get("function"), dict)
+                           and isinstance(t["function"].get("name"), str)])
+    return ChatPlan(req, record, runner_dir, renderer, messages,
+                    merge_options(record, req.options, context_length), fmt, think,
+                    context_length, names)
 
 
 def prepare_chat(req: ChatRequest, record: Any, store: Any, context_length: int) -> Prepared:
@@ -153,6 +165,8 @@ def prepare_generate(req: GenerateRequest, record: Any, store: Any,
         return None
     runner_dir = store.runner_dir(record)
     renderer = renderer_for(runner_dir, record.template, req.template)
+    if is_harmony(renderer.source):
+        think = _harmony_level(think)
     if req.images and req.context:
         raise InvalidRequest("images cannot be sent with a context")
     if req.raw:
@@ -180,7 +194,8 @@ def prepare_generate(req: GenerateRequest, record: Any, store: Any,
         add_special = renderer.add_special
     think = think and not req.raw
     return Prepared(record, runner_dir, prompt, merge_options(record, req.options, context_length),
-                    output_parser(renderer, prompt, think),
+                    output_parser(renderer, prompt, think,
+                                  names=None if req.raw else ToolNames([])),
                     add_special=add_special, context=list(req.context or []),
                     want_context=not req.raw, format=fmt,
                     format_after=_format_after(renderer, prompt, think, fmt),
@@ -246,8 +261,16 @@ def resolve_think(model: str, caps: list[str], think: bool | str | None) -> bool
     return think
 
 
+def _harmony_level(think: bool | str | None) -> bool | str | None:
+    """harmony's reasoning effort is low, medium or high (Ollama sends "max" as "high")."""
+    return "high" if think == "max" else think
+
+
 def _format_after(renderer: Renderer, prompt: str, think: Any, fmt: Any) -> str | None:
-    """The end-of-thinking tag when the output starts with a thinking section to leave free."""
+    """The end-of-thinking tag when the output starts with a thinking section to leave free
+    (a harmony model's: the final channel's header, after whatever it writes first)."""
+    if fmt is not None and fmt is not True and is_harmony(renderer.source):
+        return FINAL_MESSAGE
     if fmt is None or not think or not renderer.thinking_tags:
         return None
     return renderer.thinking_tags[1]
@@ -267,8 +290,13 @@ def _prompt_opens_thinking(renderer: Renderer, prompt: str) -> bool:
 
 
 def output_parser(renderer: Renderer, prompt: str, think: bool | None,
-                  tools: Any = None) -> OutputParser:
-    """`tools`: the tool-call parser for this request, if its output may hold calls."""
+                  tools: Any = None, names: ToolNames | None = None) -> Any:
+    """`tools`: the tool-call parser for this request, if its output may hold calls. A
+    harmony model's output is read by its own parser (with `names`, unless the request's
+    output is raw text or one forced call)."""
+    if names is not None and is_harmony(renderer.source) \
+            and not isinstance(tools, ForcedCallParser):
+        return HarmonyParser(prompt, names)
     thinking = None
     if think and renderer.thinking_tags:
         thinking = ThinkingParser(renderer.thinking_tags,

@@ -96,7 +96,7 @@ def capabilities_for(config: Mapping[str, Any], template: str | None,
     text = template or ""
     if "tools" in text.lower():  # Jinja `tools`, Go template `.Tools`
         caps.append("tools")
-    if "<think>" in text or ".Think" in text:
+    if "<think>" in text or ".Think" in text or "<|channel|>" in text:  # harmony: analysis
         caps.append("thinking")
     if vision_family(config):
         caps.append("vision")

@@ -1,7 +1,7 @@
 """Random-weight test models: qwen3 with the real Qwen3 tokenizer (presets tiny, small, medium,
 qwen3-0.6b), and one small model of every architecture we serve with a 2,048-token tokenizer
 (the preset named after the architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3,
-granite), and the vision presets qwen2.5-vl, qwen2-vl and gemma3-vision
+granite, qwen3_moe, gpt_oss), and the vision presets qwen2.5-vl, qwen2-vl and gemma3-vision
 (supervisor/store/random_vision.py).
 
 Invariants:
@@ -39,9 +39,9 @@ EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
 SMALL_VOCAB = 2048
 DTYPES = ("float32", "bfloat16")
 ARCH_NAMES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite",
-              "qwen3_moe")
+              "qwen3_moe", "gpt_oss")
 TOKENIZER_KIND = {"llama": "bpe", "qwen2": "bpe", "qwen3": "bpe", "granite": "bpe",
-                  "qwen3_moe": "bpe",
+                  "qwen3_moe": "bpe", "gpt_oss": "harmony",
                   "mistral": "spm", "gemma2": "spm", "gemma3": "spm", "phi3": "spm"}
 
 
@@ -100,6 +100,12 @@ PRESETS: dict[str, Preset] = {
     # Qwen3's mixture of experts (Qwen3-30B-A3B's family): 8 experts a layer, 2 used a token.
     "qwen3_moe": _arch("qwen3_moe", False, heads=8, note=", 8 experts (2 a token) a layer",
                        experts=8),
+    # gpt-oss (OpenAI's open-weight mixtures): 8 experts a layer, 2 used a token; biases on
+    # every projection, the router and the experts; attention sinks; sliding window 64 on
+    # every other layer from the first; the harmony chat format.
+    "gpt_oss": _arch("gpt_oss", False, layers=4, heads=8,
+                     note=", 8 experts (2 a token) a layer, attention sinks, sliding window 64",
+                     experts=8),
     # A vision model (supervisor/store/random_vision.py writes it; these fields describe its
     # language part).
     "qwen2.5-vl": Preset(128, 2, 4, 2, 32, 256, False,
@@ -186,6 +192,11 @@ ARCH_SETTINGS: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "rope_theta": 1000000.0,
                   "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
                   "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True},
+    "gpt_oss": {"architectures": ["GptOssForCausalLM"], "rope_theta": 150000.0,
+                "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+                "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                 "beta_slow": 1.0, "original_max_position_embeddings": 4096},
+                "sliding_window": 64, "swiglu_limit": 7.0, "attention_bias": True},
     "granite": {"architectures": ["GraniteForCausalLM"], "rope_theta": 10000.0,
                 "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
                 "attention_multiplier": 0.015625, "embedding_multiplier": 12.0,
@@ -198,6 +209,10 @@ def arch_config(preset: Preset, tokenizer, dtype: str) -> dict:
     """config.json of an architecture preset, for its small tokenizer."""
     moe = {"num_experts": preset.experts, "num_experts_per_tok": preset.experts_used,
            "moe_intermediate_size": preset.expert_intermediate} if preset.experts else {}
+    if preset.arch == "gpt_oss":  # every layer a mixture; `intermediate_size` is an expert's
+        moe = {"num_local_experts": preset.experts, "num_experts_per_tok": preset.experts_used,
+               "intermediate_size": preset.expert_intermediate,
+               "layer_types": ["sliding_attention", "full_attention"] * (preset.layers // 2)}
     return {
         "model_type": preset.arch,
         "hidden_size": preset.hidden,
@@ -255,7 +270,9 @@ def make_weights(preset: Preset, seed: int) -> dict[str, np.ndarray]:
 # the context, not only on the last token), a bias (std 0.1), or an RMSNorm weight around 1
 # (which Gemma applies as 1 + w: with its tied head, smaller post-norms leave the output
 # repeating one token).
-_EMBED, _MATRIX, _BIAS, _NORM = "embed", "matrix", "bias", "norm"
+# An attention sink (gpt-oss: one logit a head that every query's softmax also weighs) is drawn
+# around 0 with std 1, so a wrong or missing sink shows.
+_EMBED, _MATRIX, _BIAS, _NORM, _SINK = "embed", "matrix", "bias", "norm", "sink"
 
 
 def tensor_plan(p: Preset) -> list[tuple[str, tuple[int, ...], str]]:
@@ -276,9 +293,22 @@ def _layer(p: Preset) -> list[tuple[str, tuple[int, ...], str]]:
         out = [("self_attn.qkv_proj.weight", (sum(n for _, n in qkv), h), _MATRIX)]
     else:
         out = [(f"self_attn.{x}_proj.weight", (n, h), _MATRIX) for x, n in qkv]
-    if p.arch == "qwen2":
+    if p.arch in ("qwen2", "gpt_oss"):
         out += [(f"self_attn.{x}_proj.bias", (n,), _BIAS) for x, n in qkv]
     out.append(("self_attn.o_proj.weight", (h, p.heads * hd), _MATRIX))
+    if p.arch == "gpt_oss":  # mlx_lm's layout: experts stacked, biases everywhere
+        eff, e = p.expert_intermediate, p.experts
+        return out + [
+            ("self_attn.o_proj.bias", (h,), _BIAS), ("self_attn.sinks", (p.heads,), _SINK),
+            ("mlp.router.weight", (e, h), _MATRIX), ("mlp.router.bias", (e,), _BIAS),
+            ("mlp.experts.gate_proj.weight", (e, eff, h), _MATRIX),
+            ("mlp.experts.gate_proj.bias", (e, eff), _BIAS),
+            ("mlp.experts.up_proj.weight", (e, eff, h), _MATRIX),
+            ("mlp.experts.up_proj.bias", (e, eff), _BIAS),
+            ("mlp.experts.down_proj.weight", (e, h, eff), _MATRIX),
+            ("mlp.experts.down_proj.bias", (e, h), _BIAS),
+            ("input_layernorm.weight", (h,), _NORM),
+            ("post_attention_layernorm.weight", (h,), _NORM)]
     if p.arch in ("qwen3", "gemma3", "qwen3_moe"):
         out += [(f"self_attn.{x}_norm.weight", (hd,), _NORM) for x in ("q", "k")]
     if p.experts:  # a router, then each expert's MLP (Hugging Face's names)
@@ -302,9 +332,10 @@ def _layer(p: Preset) -> list[tuple[str, tuple[int, ...], str]]:
 
 _DRAW: dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]] = {
     _EMBED: lambda rng, shape: rng.standard_normal(shape, dtype=np.float32) * 0.02,
-    _MATRIX: lambda rng, shape: rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[1]),
+    _MATRIX: lambda rng, shape: rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1]),
     _BIAS: lambda rng, shape: rng.standard_normal(shape, dtype=np.float32) * 0.1,
     _NORM: lambda rng, shape: 1.0 + rng.standard_normal(shape, dtype=np.float32) * 0.1,
+    _SINK: lambda rng, shape: rng.standard_normal(shape, dtype=np.float32),
 }
 
 

@@ -35,10 +35,14 @@ from mlxr.supervisor.store.gguf.tokenizer import (
     template_post_processor,
 )
 
-KINDS = ("bpe", "spm")
+KINDS = ("bpe", "spm", "harmony")
 QWEN3_NUM_TOKENS = 151643  # its BPE vocab; the added tokens follow
 MODEL_MAX_LENGTH = 32768
 BPE_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# gpt-oss's: its BPE is byte-level too; its chat format ("harmony") lives in these tokens.
+HARMONY_SPECIALS = ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
+                    "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>")
+HARMONY_TEMPLATE = "harmony_template.jinja"
 SPM_CONTROLS = ("<unk>", "<s>", "</s>")
 SPM_CHAT_SPECIALS = ("<|im_start|>", "<|im_end|>")
 _JSON_STRING = r'"(?:[^"\\]|\\.)*"'
@@ -56,10 +60,11 @@ class SmallTokenizer:
 
 
 def write_small_tokenizer(dest: Path, kind: str, vocab_size: int = 2048) -> SmallTokenizer:
-    """Write tokenizer.json and tokenizer_config.json (ChatML template) into `dest`."""
+    """Write tokenizer.json and tokenizer_config.json (ChatML template; gpt-oss's harmony
+    format for "harmony") into `dest`."""
     if kind not in KINDS:
         raise ValueError(f"unknown small tokenizer kind {kind!r} (expected one of {KINDS})")
-    build = _bpe_files if kind == "bpe" else _spm_files
+    build = {"bpe": _bpe_files, "spm": _spm_files, "harmony": _harmony_files}[kind]
     tokenizer_json, config, info = build(vocab_size)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "tokenizer.json").write_bytes(_dump(tokenizer_json))
@@ -160,6 +165,39 @@ def _bpe_files(vocab_size: int) -> tuple[dict, dict, SmallTokenizer]:
     config = _tokenizer_config(
         BPE_SPECIALS, bos=None, eos="<|im_end|>", pad="<|endoftext|>", unk=None, add_bos=False
     )
+    return tokenizer_json, config, info
+
+
+def _byte_level(vocab_size: int, specials: tuple[str, ...]) -> tuple[dict, dict[str, int]]:
+    num_normal = vocab_size - len(specials)
+    if num_normal < 256:
+        raise ValueError(f"a byte-level tokenizer needs vocab_size >= {256 + len(specials)}")
+    head = _qwen3_head(num_normal)
+    ids = {name: num_normal + i for i, name in enumerate(specials)}
+    sections = head.sections
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [added_token(ids[name], name) for name in specials],
+        "normalizer": sections["normalizer"],
+        "pre_tokenizer": sections["pre_tokenizer"],
+        "post_processor": sections["post_processor"],
+        "decoder": sections["decoder"],
+        "model": bpe_model({t: i for i, t in enumerate(head.tokens)}, head.merges),
+    }, ids
+
+
+@functools.cache
+def _harmony_files(vocab_size: int) -> tuple[dict, dict, SmallTokenizer]:
+    tokenizer_json, ids = _byte_level(vocab_size, HARMONY_SPECIALS)
+    # gpt-oss's generation config: <|return|>, <|endoftext|>, <|call|> end a reply
+    info = SmallTokenizer(kind="harmony", vocab_size=vocab_size, bos_id=ids["<|startoftext|>"],
+                          eos_ids=(ids["<|return|>"], ids["<|endoftext|>"], ids["<|call|>"]),
+                          pad_id=ids["<|endoftext|>"])
+    config = _tokenizer_config(HARMONY_SPECIALS, bos="<|startoftext|>", eos="<|return|>",
+                               pad="<|endoftext|>", unk=None, add_bos=False)
+    config["chat_template"] = (Path(__file__).parent / HARMONY_TEMPLATE).read_text()
     return tokenizer_json, config, info
 
 

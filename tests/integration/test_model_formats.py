@@ -124,8 +124,8 @@ def _exercise(server, model: str, batched: bool) -> None:
         client.generate(model=model, keep_alive=0)
         return
 
-    def generate(prompt: str) -> str:
-        return client.generate(model=model, prompt=prompt, options=options).response
+    def generate(prompt: str) -> str:  # raw: a random gpt-oss writes no harmony messages
+        return client.generate(model=model, prompt=prompt, raw=True, options=options).response
 
     with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
         batch = list(pool.map(generate, PROMPTS))

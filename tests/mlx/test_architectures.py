@@ -25,7 +25,7 @@ from mlxr.runner.model_step import split_model
 from mlxr.runner.weights import widen_experts
 from mlxr.supervisor.store.gguf import arch as A
 from mlxr.supervisor.store.quantize import quantize_dir
-from mlxr.supervisor.store.random_model import ARCH_NAMES, write_random_model
+from mlxr.supervisor.store.random_model import ARCH_NAMES, PRESETS, write_random_model
 
 PROMPTS = ("the quick brown fox jumps over the lazy dog", "once upon a time, in a land far away")
 
@@ -56,7 +56,8 @@ def test_every_architecture_loads_and_generates_in_each_precision(arch, arch_mod
         model, tokenizer = load(str(arch_model(arch, dtype)))
         assert model.model.embed_tokens.weight.dtype == getattr(mx, dtype)
         # MLX's CPU expert product is float32 only; the runner widens the experts alike
-        experts = 3 * 2 if arch == "qwen3_moe" and dtype != "float32" else 0  # 3 a layer
+        experts = 3 * PRESETS[arch].layers if PRESETS[arch].experts and dtype != "float32" \
+            else 0  # 3 a layer
         assert widen_experts(model) == experts
         outputs[dtype] = [greedy(model, tokenizer, p) for p in PROMPTS]
         eos = set(tokenizer.eos_token_ids)
@@ -73,7 +74,8 @@ def test_every_architecture_loads_and_generates_in_each_precision(arch, arch_mod
         shutil.copy(arch_model(arch) / name, quantized / name)
     model, tokenizer = load(str(quantized))
     mlp = model.layers[0].mlp
-    assert isinstance(getattr(mlp, "switch_mlp", mlp).down_proj,
+    experts = getattr(mlp, "switch_mlp", None) or getattr(mlp, "experts", mlp)  # qwen3_moe, gpt_oss
+    assert isinstance(experts.down_proj,
                       (nn.QuantizedLinear, QuantizedSwitchLinear))
     assert len(greedy(model, tokenizer, PROMPTS[0])) == 6
 

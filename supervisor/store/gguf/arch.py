@@ -61,6 +61,14 @@ _PHI3_BLOCK = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj",
 # A mixture of experts: the router, and every expert's projection stacked (experts, out, in).
 _MOE = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
         "ffn_up_exps": "mlp.switch_mlp.up_proj", "ffn_down_exps": "mlp.switch_mlp.down_proj"}
+# gpt-oss: biases on q/k/v/o, the router and every expert; one attention sink a head (a bare
+# parameter in mlx_lm, `self_attn.sinks`); the MLP's norm is llama.cpp's post_attention_norm.
+# Ollama's files from OpenAI's own checkpoint keep q/k/v fused (`attn_qkv`), split on import.
+_GPT_OSS_BLOCK = {**_ATTENTION, "attn_qkv": "self_attn.qkv_proj", "attn_sinks": "self_attn.sinks",
+                  "post_attention_norm": "post_attention_layernorm",
+                  "ffn_gate_inp": "mlp.router", "ffn_gate_exps": "mlp.experts.gate_proj",
+                  "ffn_up_exps": "mlp.experts.up_proj", "ffn_down_exps": "mlp.experts.down_proj"}
+_BARE = (".self_attn.sinks",)  # mlx_lm parameters with no `.weight`
 _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # Tensors that carry rope settings, read by hf_config (pass them as `rope_tensors`).
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
@@ -96,6 +104,10 @@ SPECS: dict[str, ArchSpec] = {s.gguf: s for s in (
              head_dim_derived=True),
     ArchSpec("qwen3moe", "qwen3_moe", "Qwen3MoeForCausalLM",
              {**_ATTENTION, **_QK_NORM, **_MOE, "ffn_norm": "post_attention_layernorm"}),
+    # Ollama's first gpt-oss files say "gptoss"; llama.cpp's and later Ollama's "gpt-oss"
+    # (written last: the name a gpt_oss config is written under).
+    ArchSpec("gptoss", "gpt_oss", "GptOssForCausalLM", _GPT_OSS_BLOCK),
+    ArchSpec("gpt-oss", "gpt_oss", "GptOssForCausalLM", _GPT_OSS_BLOCK),
 )}
 ARCHITECTURES: tuple[str, ...] = tuple(SPECS)
 _BY_MODEL_TYPE = {t: s for s in SPECS.values() for t in (s.model_type, *s.aliases)}
@@ -103,6 +115,7 @@ _BY_MODEL_TYPE = {t: s for s in SPECS.values() for t in (s.model_type, *s.aliase
 _GGUF_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _GGUF_GLOBAL = re.compile(r"(\w+)\.(weight|bias)")
 _HF_BLOCK = re.compile(r"model\.layers\.(\d+)\.([\w.]+)\.(weight|bias)")
+_HF_BARE = re.compile(r"model\.layers\.(\d+)\.(self_attn\.sinks)")
 _HF_GLOBAL = re.compile(r"(model\.embed_tokens|model\.norm|lm_head)\.(weight|bias)")
 _HF_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp)\.experts\.(\d+)\.(\w+_proj)\.weight")
 _HF_QK = re.compile(r"model\.layers\.\d+\.self_attn\.([qk])_proj\.(weight|bias|scales|biases)")
@@ -137,7 +150,8 @@ def hf_tensor_name(arch: str, gguf_name: str) -> str | None:
         if stem == "attn_rot_embd":  # old files: a precomputed rope table, never used
             return None
         if stem in s.block:
-            return f"model.layers.{layer}.{s.block[stem]}.{kind}"
+            name = f"model.layers.{layer}.{s.block[stem]}"
+            return name if name.endswith(_BARE) and kind == "weight" else f"{name}.{kind}"
     elif (m := _GGUF_GLOBAL.fullmatch(gguf_name)) and m.group(1) in _GLOBAL:
         return f"{_GLOBAL[m.group(1)]}.{m.group(2)}"
     raise UnsupportedArchitecture(f'tensor "{gguf_name}" of a {arch} GGUF is not supported')
@@ -146,6 +160,8 @@ def hf_tensor_name(arch: str, gguf_name: str) -> str | None:
 def gguf_tensor_name(arch: str, hf_name: str) -> str:
     """The GGUF name llama.cpp's converter gives an mlx_lm weight."""
     s = spec(arch)
+    if (m := _HF_BARE.fullmatch(hf_name)) and m.group(2) in s.block_inverse:
+        return f"blk.{m.group(1)}.{s.block_inverse[m.group(2)]}.weight"
     if m := _HF_BLOCK.fullmatch(hf_name):
         layer, stem, kind = m.groups()
         if stem in s.block_inverse:
@@ -477,8 +493,45 @@ def _qwen3moe(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[s
                    "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True})
 
 
+def _gpt_oss(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str]) -> None:
+    """gpt-oss: every layer a mixture (softmax over the chosen experts' router logits, as
+    mlx_lm and llama.cpp both do), sliding-window attention on every other layer from the
+    first (llama.cpp's fixed pattern), YaRN rope (llama.cpp's default betas 32 and 1)."""
+    experts, used = int(p.scalar("expert_count")), int(p.scalar("expert_used_count"))
+    if not 1 <= used <= experts:
+        raise UnsupportedArchitecture(f"{p.arch} with {used} of {experts} experts a token")
+    layers = config["num_hidden_layers"]
+    config.update({
+        "num_local_experts": experts, "num_experts_per_tok": used,
+        "intermediate_size": int(p.scalar("expert_feed_forward_length",
+                                          config["intermediate_size"])),
+        "sliding_window": int(p.get("attention.sliding_window", 128)),
+        "layer_types": [("sliding_attention", "full_attention")[i % 2] for i in range(layers)],
+    })
+    scaling = _rope_scaling(p)
+    if scaling is not None:
+        if scaling["rope_type"] == "yarn":
+            scaling = {"beta_fast": 32.0, "beta_slow": 1.0, **scaling}
+        config["rope_scaling"] = scaling
+
+
+def split_rows(arch: str, hf_name: str, config: Mapping[str, Any]) -> list[tuple[str, int]] | None:
+    """A fused tensor mlx_lm holds as several: [(name, rows), ...] in row order (gpt-oss's
+    `attn_qkv` -> q, k, v projections); None for every other tensor."""
+    if spec(arch).model_type != "gpt_oss" or ".self_attn.qkv_proj." not in hf_name:
+        return None
+    kind = hf_name.rsplit(".", 1)[1]
+    stem = hf_name.removesuffix(f".qkv_proj.{kind}")
+    heads, kv_heads = int(config["num_attention_heads"]), int(config["num_key_value_heads"])
+    head_dim = int(config["head_dim"])
+    return [(f"{stem}.q_proj.{kind}", heads * head_dim),
+            (f"{stem}.k_proj.{kind}", kv_heads * head_dim),
+            (f"{stem}.v_proj.{kind}", kv_heads * head_dim)]
+
+
 _EXTRA = {"llama": _llama, "qwen2": _qwen, "qwen3": _qwen, "gemma2": _gemma2,
-          "gemma3": _gemma3, "phi3": _phi3, "granite": _granite, "qwen3moe": _qwen3moe}
+          "gemma3": _gemma3, "phi3": _phi3, "granite": _granite, "qwen3moe": _qwen3moe,
+          "gptoss": _gpt_oss, "gpt-oss": _gpt_oss}
 
 
 # -- the inverse: config.json -> GGUF metadata, for writing GGUF files --------------------
@@ -617,6 +670,20 @@ def _write_qwen3moe(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) 
     _write_rope_scaling(kv, a, config)
 
 
+def _write_gpt_oss(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) -> None:
+    layers = int(config["num_hidden_layers"])
+    wanted = [("sliding_attention", "full_attention")[i % 2] for i in range(layers)]
+    if config.get("layer_types", wanted) != wanted:
+        raise UnsupportedArchitecture("gpt_oss with other layer types than llama.cpp's "
+                                      "alternating pattern has no GGUF form here")
+    kv[f"{a}.expert_count"] = int(config["num_local_experts"])
+    kv[f"{a}.expert_used_count"] = int(config["num_experts_per_tok"])
+    kv[f"{a}.expert_feed_forward_length"] = int(config["intermediate_size"])
+    kv[f"{a}.attention.sliding_window"] = int(config["sliding_window"])
+    _write_rope_scaling(kv, a, config)
+
+
 _WRITE_EXTRA = {"llama": _write_llama, "qwen2": _write_plain, "qwen3": _write_plain,
                 "gemma2": _write_gemma2, "gemma3": _write_gemma3, "phi3": _write_phi3,
-                "granite": _write_granite, "qwen3moe": _write_qwen3moe}
+                "granite": _write_granite, "qwen3moe": _write_qwen3moe,
+                "gpt-oss": _write_gpt_oss}

@@ -54,7 +54,9 @@ _PER_LAYER = ("feed_forward_length", "attention.head_count", "attention.head_cou
               "attention.layer_norm_rms_epsilon", "attention.sliding_window_pattern")
 MAX_TOKEN_CHARS = 4096  # a vocabulary entry (real ones are at most a few hundred)
 _MATRICES = ("token_embd.weight", "output.weight")  # (vocab, hidden)
-_EXPERTS = ".switch_mlp."  # in the mlx_lm name of a mixture's stacked experts: 3 dimensions
+# In the mlx_lm name of a mixture's stacked experts (qwen3_moe's switch_mlp, gpt_oss's experts):
+# their weights have 3 dimensions, their biases (gpt_oss) 2.
+_EXPERTS = re.compile(r"\.(switch_mlp|experts)\.[\w.]*\.weight$")
 _BLOCK_INDEX = re.compile(r"blk\.(\d+)\.")
 
 
@@ -69,7 +71,7 @@ def check_tensor(file_name: str, t: TensorInfo, hf_name: str | None,
     if t.name in _MATRICES and len(t.shape) != 2:
         raise InvalidModelFile(f'{file_name}: tensor "{t.name}" has shape {t.shape}: a matrix '
                                "expected")
-    if hf_name and _EXPERTS in hf_name:
+    if hf_name and _EXPERTS.search(hf_name):
         if len(t.shape) != 3:
             raise InvalidModelFile(f'{file_name}: tensor "{t.name}" has shape {t.shape}: 3 '
                                    "dimensions (experts, rows, columns) expected")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ CONVERTER_VERSION = 2
 SHARD_BYTES = 2 << 30
 GROUP_SIZE = 32
 _FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
+_EXPERTS = re.compile(r"\.(switch_mlp|experts)\.")  # a mixture's stacked experts (3-D)
 
 
 @dataclass(slots=True)
@@ -196,7 +198,7 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
                 progress(done, total)
             continue
         shape = t.shape
-        matrix = len(shape) == 2 or (len(shape) == 3 and ".switch_mlp." in hf)  # 3: experts
+        matrix = len(shape) == 2 or (len(shape) == 3 and _EXPERTS.search(hf) is not None)
         out = quants.to_mlx(t.ggml_type, gguf.data(t), shape, t.name,
                             quantize=not dequantize and hf.endswith(".weight") and matrix)
         order = None if encoder else arch.row_order(name, hf, config)
@@ -205,8 +207,12 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
                                    f"its heads need {len(order)}")
         offset = 0.0 if encoder else arch.value_offset(name, hf)
         arrays = _arrays(out, hf, order, offset, dtype)
+        parts = None if encoder else arch.split_rows(name, hf, config)
+        if parts is not None:
+            arrays = _split(arrays, hf, parts)
         if out.bits is not None:
-            bits_of[hf.removesuffix(".weight")] = out.bits
+            for part in parts or [(hf, 0)]:
+                bits_of[part[0].removesuffix(".weight")] = out.bits
         for key, value in arrays.items():
             shard[key] = value
             shard_bytes += value.nbytes
@@ -263,6 +269,21 @@ def _arrays(out, hf: str, order: np.ndarray | None, offset: float, dtype) -> dic
         array = mx.array(value)
         result[key] = array if key == hf else array.astype(dtype)
     return result
+
+
+def _split(arrays: dict[str, Any], hf: str, parts: list[tuple[str, int]]) -> dict[str, Any]:
+    """A fused tensor's arrays (weight, or weight/scales/biases; or a bias) cut by rows into
+    the tensors mlx_lm holds: rows stay whole, so quantized groups do too."""
+    stem = hf.rsplit(".", 1)[0]
+    out = {}
+    for key, value in arrays.items():
+        start = 0
+        for name, rows in parts:
+            out[key.replace(stem, name.rsplit(".", 1)[0], 1)] = value[start:start + rows]
+            start += rows
+        if start != value.shape[0]:
+            raise InvalidModelFile(f"{hf}: {value.shape[0]} rows where its parts need {start}")
+    return out
 
 
 def _quantization(bits_of: dict[str, int]) -> dict[str, Any]:

@@ -56,8 +56,12 @@ class UnsupportedTokenizer(UnsupportedModel):
 # Turn-ending tokens llama.cpp recognizes by their text; extra eos ids when typed CONTROL.
 END_OF_TURN_TEXTS = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-    "<|eom_id|>", "<EOT>", "<|return|>", "<｜end▁of▁sentence｜>",
+    "<|eom_id|>", "<EOT>", "<|return|>", "<|call|>", "<｜end▁of▁sentence｜>",
 }
+# gpt-oss's harmony format ends a reply with <|return|> or <|call|>; its <|end|> closes one
+# message of several (thinking, then the answer), so there it does not end the turn.
+HARMONY_END = "<|return|>"
+EOS_IDS_KEY = "tokenizer.ggml.eos_token_ids"  # Ollama's list of end-of-sequence ids
 SPECIAL_ID_KEYS = {
     "bos_token": K.BOS_ID,
     "eos_token": K.EOS_ID,
@@ -95,9 +99,13 @@ def hf_tokenizer_files(kv: Mapping[str, Any]) -> dict[str, bytes]:
 def special_token_ids(kv: Mapping[str, Any]) -> dict[str, Any]:
     """bos/eos/pad ids for config.json; eot, eom and turn-ending control tokens join eos."""
     eos = [int(kv[key]) for key in (K.EOS_ID, K.EOT_ID, K.EOM_ID) if kv.get(key) is not None]
+    listed = kv.get(EOS_IDS_KEY)
+    eos += [int(i) for i in listed] if isinstance(listed, (list, tuple)) else []
     types = kv.get(K.TOKEN_TYPE) or ()
-    for token_id, token in enumerate(kv.get(K.LIST) or ()):
-        if token in END_OF_TURN_TEXTS and (not types or types[token_id] == TokenType.CONTROL):
+    tokens = kv.get(K.LIST) or ()
+    texts = END_OF_TURN_TEXTS - ({"<|end|>"} if HARMONY_END in tokens else set())
+    for token_id, token in enumerate(tokens):
+        if token in texts and (not types or types[token_id] == TokenType.CONTROL):
             eos.append(token_id)
     eos = list(dict.fromkeys(eos))
     return {

@@ -2,12 +2,15 @@
 out (its tensor names, metadata keys, q/k row order and Gemma's norm + 1), so tests and
 benchmarks can make GGUF models from the random models nothing needs to download.
 
-Tensor types, by the file type asked for (as llama.cpp picks them): 1-D tensors stay F32; a
+Tensor types, by the file type asked for (as llama.cpp picks them): 1-D tensors and biases stay
+F32; a
 2-D tensor whose rows do not divide into the type's blocks falls back to F16 (F32 on "F32").
 "Q4_K_M" stores as Q6_K what llama.cpp's quantizer does: the output projection (the token
 embedding where the head is tied to it), and attn_v and ffn_down (a mixture's ffn_down_exps)
 in the layers `_more_bits` picks (the first and last eighth, every third between); every
-other matrix as Q4_K. "Q4_K" uses Q4_K throughout, "Q6_K" Q6_K. A mixture's router
+other matrix as Q4_K. "Q4_K" uses Q4_K throughout, "Q6_K" Q6_K. "MXFP4" (gpt-oss's own
+format, as its GGUFs come) stores a mixture's experts as MXFP4 and every other matrix as F16. A
+mixture's router
 (`ffn_gate_inp`) stays F32, as llama.cpp's quantizer leaves it; its experts are 3-D tensors,
 quantized row by row like matrices.
 """
@@ -21,7 +24,7 @@ from typing import Any
 import numpy as np
 
 FILE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q4_K_M",
-              "Q6_K")
+              "Q6_K", "MXFP4")
 
 
 def _load_float32(model_dir: Path) -> dict[str, np.ndarray]:
@@ -40,8 +43,8 @@ def _tensor_type(file_type: str, gguf_name: str, shape: tuple[int, ...], layers:
     embedding of a tied model), `layers`: the model's layer count."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-    if len(shape) < 2 or gguf_name.endswith(".ffn_gate_inp.weight"):
-        return T.F32
+    if len(shape) < 2 or gguf_name.endswith((".ffn_gate_inp.weight", ".bias")):
+        return T.F32  # (gpt-oss's expert biases are 2-D; llama.cpp adds them as F32 only)
     if file_type == "Q4_K_M":
         parts = gguf_name.split(".")
         wider = gguf_name == head or (
@@ -49,6 +52,8 @@ def _tensor_type(file_type: str, gguf_name: str, shape: tuple[int, ...], layers:
             and parts[2] in ("attn_v", "ffn_down", "ffn_down_exps")
             and _more_bits(int(parts[1]), layers))
         wanted = T.Q6_K if wider else T.Q4_K
+    elif file_type == "MXFP4":
+        wanted = T.MXFP4 if gguf_name.split(".")[-2].endswith("_exps") else T.F16
     else:
         wanted = T[file_type]
     block = GGML_QUANT_SIZES[wanted][0]
@@ -151,7 +156,8 @@ def _writer(dest: Path, arch: str, kv: dict[str, Any], file_type: str, config: d
             model_dir: Path):
     from gguf import GGUFWriter, LlamaFileType
 
-    ftype = {"F32": "ALL_F32", "Q4_K": "MOSTLY_Q4_K_S"}.get(file_type, "MOSTLY_" + file_type)
+    ftype = {"F32": "ALL_F32", "Q4_K": "MOSTLY_Q4_K_S",
+             "MXFP4": "MOSTLY_MXFP4_MOE"}.get(file_type, "MOSTLY_" + file_type)
     kv = {**kv, "general.file_type": int(LlamaFileType[ftype])}
     kv.setdefault("general.name", str(config.get("mlxr_random_preset") or model_dir.name))
     writer = GGUFWriter(str(dest), arch)

@@ -35,3 +35,27 @@ def test_short_matches_are_misses():
     cache.store([1, 2, 3, 4, 5, 6], "x", 6)
     assert cache.lookup([1, 2, 3, 9, 9]) is None
     assert cache.lookup([1, 2, 3, 4, 9]).length == 4
+
+
+def test_a_state_that_cannot_serve_a_shorter_prefix_keeps_that_prefixs_entry():
+    # A sliding-window model: a state taken at length n holds positions n - 4 .. n - 1 only,
+    # so it serves lengths from n - 1 down to n - 3 (a window of 3 ending there), no shorter.
+    def serves(payload, length):
+        n = payload[1]
+        return n - 4 <= length - 3 and length <= n
+
+    cache = PrefixCache(max_bytes=10_000, min_tokens=2)
+    prompt = list(range(10))
+    cache.store(prompt, ("prompt", 10), 10, serves)
+    cache.store(prompt + [20, 21, 22], ("reply", 13), 13, serves)
+    assert [e.payload[0] for e in cache.entries] == ["prompt", "reply"], "both kept"
+    again = cache.lookup(prompt, serves)  # the same prompt: 9 positions from the prompt's state
+    assert again.entry.payload[0] == "prompt" and again.length == 9
+    turn = cache.lookup(prompt + [20, 21, 22, 30], serves)
+    assert turn.entry.payload[0] == "reply" and turn.length == 13
+    # a later, longer state that does serve the reply's length replaces it
+    cache.store(prompt + [20, 21, 22, 23], ("longer", 14), 14, serves)
+    assert [e.payload[0] for e in cache.entries] == ["prompt", "longer"]
+    # and the prompt's state, stored again, is not a prefix the others serve: refreshed, kept
+    assert not cache.store(prompt, ("prompt again", 10), 10, serves)
+    assert [e.payload[0] for e in cache.entries] == ["prompt", "longer"]
