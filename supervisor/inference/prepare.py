@@ -13,7 +13,8 @@ from typing import Any
 from mlxr.shared.errors import InvalidRequest
 from mlxr.shared.protocol import Options
 from mlxr.shared.vision import placeholder, vision_family
-from mlxr.supervisor.inference.harmony import FINAL_MESSAGE, HarmonyParser, ToolNames, is_harmony
+from mlxr.supervisor.inference.harmony import (FINAL_MESSAGE, START, HarmonyParser, ToolNames,
+                                                is_harmony)
 from mlxr.supervisor.inference.options import check_options
 from mlxr.supervisor.inference.prompt import GoRenderer, Renderer, renderer_for
 from mlxr.supervisor.inference.truncate import fit_messages
@@ -96,8 +97,10 @@ class ChatPlan:
 
     def render(self, messages: list[dict[str, Any]]) -> str:
         if self.names is not None:
-            return self.renderer.chat(self.names.messages(messages),
-                                      self.names.tools(self.req.tools) or None, self.think)
+            prompt = self.renderer.chat(self.names.messages(messages),
+                                        self.names.tools(self.req.tools) or None, self.think)
+            skip = self.think is False and (self.fmt is not None or not self.req.tools)
+            return skip_analysis(prompt) if skip else prompt
         return self.renderer.chat(messages, self.req.tools or None, self.think)
 
     def finish(self) -> Prepared:
@@ -191,6 +194,8 @@ def prepare_generate(req: GenerateRequest, record: Any, store: Any,
             user["images"] = list(req.images)
         messages.append(user)
         prompt = renderer.chat(with_image_marks(messages, renderer, runner_dir), None, think)
+        if think is False and is_harmony(renderer.source):
+            prompt = skip_analysis(prompt)
         add_special = renderer.add_special
     think = think and not req.raw
     return Prepared(record, runner_dir, prompt, merge_options(record, req.options, context_length),
@@ -261,6 +266,13 @@ def resolve_think(model: str, caps: list[str], think: bool | str | None) -> bool
     return think
 
 
+def skip_analysis(prompt: str) -> str:
+    """A harmony prompt whose reply begins in the final channel: `think: false` (gpt-oss
+    always reasons otherwise), so a `format` holds from the reply's first token. Not with
+    tools: a call goes to the commentary channel."""
+    return prompt + FINAL_MESSAGE if prompt.endswith(START + "assistant") else prompt
+
+
 def _harmony_level(think: bool | str | None) -> bool | str | None:
     """harmony's reasoning effort is low, medium or high (Ollama sends "max" as "high")."""
     return "high" if think == "max" else think
@@ -270,7 +282,7 @@ def _format_after(renderer: Renderer, prompt: str, think: Any, fmt: Any) -> str 
     """The end-of-thinking tag when the output starts with a thinking section to leave free
     (a harmony model's: the final channel's header, after whatever it writes first)."""
     if fmt is not None and fmt is not True and is_harmony(renderer.source):
-        return FINAL_MESSAGE
+        return None if prompt.endswith(FINAL_MESSAGE) else FINAL_MESSAGE
     if fmt is None or not think or not renderer.thinking_tags:
         return None
     return renderer.thinking_tags[1]

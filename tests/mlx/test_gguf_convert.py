@@ -117,3 +117,82 @@ def test_a_q6_k_file_holds_every_matrix_in_q6_k(sources, tmp_path):
     gguf = read_gguf(path)
     assert {T(t.ggml_type) for t in gguf.tensors if len(t.shape) > 1} == {T.Q6_K}
     assert gguf.kv["general.file_type"] == 18  # MOSTLY_Q6_K
+
+
+def test_gpt_oss_as_its_ggufs_come_mxfp4_experts_exact(sources, tmp_path):
+    path = write_gguf(sources("gpt_oss"), tmp_path / "m.gguf", "MXFP4")
+    gguf = read_gguf(path)
+    types = {t.name: T(t.ggml_type) for t in gguf.tensors}
+    assert {n for n, kind in types.items() if kind == T.MXFP4} == {
+        f"blk.{i}.ffn_{p}_exps.weight" for i in range(4) for p in ("gate", "up", "down")}
+    assert types["blk.0.ffn_gate_exps.bias"] == types["blk.0.attn_sinks.weight"] == T.F32
+    config = convert(path, tmp_path / "q")
+    assert config["quantization"] == {"group_size": 32, "bits": 5, "mode": "affine"}
+    weights = {}
+    for f in (tmp_path / "q").glob("*.safetensors"):
+        weights.update(mx.load(str(f)))
+    for t in gguf.tensors:
+        if types[t.name] != T.MXFP4:
+            continue
+        hf = A.hf_tensor_name("gpt-oss", t.name)
+        assert hf.startswith("model.layers.") and ".mlp.experts." in hf
+        stem = hf.removesuffix(".weight")
+        got = mx.dequantize(weights[hf], weights[stem + ".scales"], weights[stem + ".biases"],
+                            group_size=32, bits=5)
+        want = gq.dequantize(np.asarray(gguf.data(t)), T.MXFP4).reshape(t.shape)
+        assert np.array_equal(np.array(got), want), t.name
+    # the rest (F16 matrices, F32 biases and sinks) as floats; the model runs and differs from
+    # the float source only by MXFP4's rounding
+    assert weights["model.layers.0.self_attn.sinks"].shape == (8,)
+    _, _, mxfp4 = _run(tmp_path / "q")
+    _, _, floats = _run(sources("gpt_oss"))
+    assert _cosine(mxfp4, floats) >= 0.9
+
+
+def _ollama_gpt_oss(src, dest):
+    """A GGUF laid out as Ollama's converter writes gpt-oss from OpenAI's own checkpoint:
+    architecture "gptoss", q/k/v fused into attn_qkv (weights and biases), and the end ids
+    listed in tokenizer.ggml.eos_token_ids."""
+    from gguf import GGUFReader, GGUFValueType as V, GGUFWriter
+
+    reader = GGUFReader(str(src))
+    writer = GGUFWriter(str(dest), "gptoss")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        key = field.name.replace("gpt-oss.", "gptoss.", 1)
+        kind = field.types[0]
+        if kind == V.ARRAY:
+            writer.add_key_value(key, field.contents(), V.ARRAY, field.types[-1])
+        else:
+            writer.add_key_value(key, field.contents(), kind)
+    writer.add_key_value("tokenizer.ggml.eos_token_ids", [2040, 2041, 2047], V.ARRAY, V.INT32)
+    tensors = {t.name: np.array(t.data) for t in reader.tensors}
+    for name in sorted(tensors):
+        stem, _, kind = name.rpartition(".")
+        if stem.endswith(("attn_k", "attn_v")):
+            continue
+        if stem.endswith("attn_q"):
+            fused = stem.removesuffix("attn_q") + "attn_qkv"
+            parts = [tensors[f"{stem[:-1]}{x}.{kind}"] for x in "qkv"]
+            writer.add_tensor(f"{fused}.{kind}", np.concatenate(parts, axis=0))
+        else:
+            writer.add_tensor(name, tensors[name])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest
+
+
+def test_ollamas_gpt_oss_files_fused_qkv_and_gptoss_name_give_the_same_model(sources, tmp_path):
+    src = sources("gpt_oss")
+    f32 = write_gguf(src, tmp_path / "m.gguf", "F32")
+    ollama = _ollama_gpt_oss(f32, tmp_path / "ollama.gguf")
+    assert "blk.0.attn_qkv.weight" in {t.name for t in read_gguf(ollama).tensors}
+    config = convert(ollama, tmp_path / "o")
+    assert config["model_type"] == "gpt_oss" and config["eos_token_id"] == [2041, 2040, 2047]
+    ids, tokens, logits = _run(src)
+    got_ids, got_tokens, got_logits = _run(tmp_path / "o")
+    assert (got_ids, got_tokens) == (ids, tokens)
+    assert mx.array_equal(got_logits, logits)

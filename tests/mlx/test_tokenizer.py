@@ -64,3 +64,24 @@ def test_end_ids_come_from_the_config_then_the_tokenizer(tmp_path):
     cfg = json.loads((path / "tokenizer_config.json").read_text())
     assert tok.hf.eos_token == (cfg["eos_token"] if isinstance(cfg["eos_token"], str)
                                 else cfg["eos_token"]["content"])
+
+
+def test_generated_text_keeps_harmonys_structural_tokens_and_skips_the_other_specials(tmp_path):
+    from mlxr.runner.text_stream import STRUCTURAL_TOKENS, output_decode
+
+    path = write_random_model(tmp_path / "oss", "gpt_oss")
+    model, config = load_model(path, lazy=True)
+    tokenizer = load_tokenizer(path, config, model)
+    assert tokenizer.eos_token_ids == set(config["eos_token_id"])
+    text = ("<|startoftext|><|channel|>analysis<|message|>Think.<|end|><|start|>assistant"
+            "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>")
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert output_decode(tokenizer)(ids) == text.removeprefix("<|startoftext|>").removesuffix(
+        "<|call|>")
+    assert all(t in text for t in STRUCTURAL_TOKENS)
+    # a tokenizer without them: every special token skipped, as before
+    qwen = write_random_model(tmp_path / "q", "tiny")
+    model, config = load_model(qwen, lazy=True)
+    tokenizer = load_tokenizer(qwen, config, model)
+    ids = tokenizer.encode("<|im_start|>user hi<|im_end|>", add_special_tokens=False)
+    assert output_decode(tokenizer)(ids) == "user hi"

@@ -173,6 +173,20 @@ def test_special_token_ids(qwen3_fields):
     assert special_token_ids({K.LIST: ["a", "b"], K.EOS_ID: 1})["eos_token_id"] == 1
 
 
+def test_a_harmony_vocabularys_end_tokens_are_return_and_call_not_end():
+    # gpt-oss: <|end|> closes one message of a reply (thinking, then the answer); <|return|>
+    # and <|call|> end it. Ollama's files list their end ids too (eos_token_ids).
+    tokens = ["a", "<|endoftext|>", "<|return|>", "<|start|>", "<|end|>", "<|message|>",
+              "<|call|>"]
+    kv = {K.LIST: tokens, K.EOS_ID: 2, K.TOKEN_TYPE: [1, 3, 3, 3, 3, 3, 3]}
+    assert special_token_ids(kv)["eos_token_id"] == [2, 1, 6]
+    kv = {K.LIST: tokens, K.EOS_ID: 1, "tokenizer.ggml.eos_token_ids": [1, 2, 6]}
+    assert special_token_ids(kv)["eos_token_id"] == [1, 2, 6]
+    # elsewhere (Phi-3) <|end|> does end the turn
+    kv = {K.LIST: ["a", "<|endoftext|>", "<|end|>"], K.EOS_ID: 1, K.TOKEN_TYPE: [1, 3, 3]}
+    assert special_token_ids(kv)["eos_token_id"] == [1, 2]
+
+
 @pytest.mark.parametrize("kind", ["bert", "t5", "rwkv", "none", None])
 def test_unsupported_kinds_are_a_400(kind):
     with pytest.raises(UnsupportedTokenizer, match=f'unsupported GGUF tokenizer "{kind}"') as e:
