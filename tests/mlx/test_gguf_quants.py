@@ -25,17 +25,23 @@ REQUANTIZED_COSINE = {
 }
 
 
+def _biases(tensor: MlxTensor):
+    return None if tensor.biases is None else mx.array(tensor.biases)
+
+
 def mlx_dequantize(tensor: MlxTensor) -> np.ndarray:
-    values = mx.dequantize(mx.array(tensor.weight), mx.array(tensor.scales),
-                           mx.array(tensor.biases), group_size=tensor.group_size,
-                           bits=tensor.bits)
+    values = mx.dequantize(mx.array(tensor.weight), mx.array(tensor.scales), _biases(tensor),
+                           group_size=tensor.group_size, bits=tensor.bits, mode=tensor.mode,
+                           dtype=mx.float32)
     return np.array(values)
 
 
 def same_bits(ours: np.ndarray, theirs: np.ndarray) -> bool:
-    # gguf gives -0.0 for a zero under a negative scale, MLX's scale * q + bias +0.0:
-    # adding +0.0 turns -0.0 into +0.0 and changes nothing else.
-    return np.array_equal(ours.view(np.uint32), (theirs + np.float32(0)).view(np.uint32))
+    # gguf gives -0.0 for a zero under a negative scale, MLX's scale * q + bias +0.0; MLX's
+    # mxfp4 gives -0.0 for its code 8, gguf +0.0: adding +0.0 turns -0.0 into +0.0 and changes
+    # nothing else.
+    zero = np.float32(0)
+    return np.array_equal((ours + zero).view(np.uint32), (theirs + zero).view(np.uint32))
 
 
 @pytest.mark.parametrize("qtype", EXACT_TYPES)
@@ -43,6 +49,9 @@ def test_exact_types_dequantize_in_mlx_to_gguf_values(qtype):
     data = random_blocks(qtype, ROWS, COLS, np.random.default_rng(int(qtype)))
     tensor = to_mlx(qtype, data, (ROWS, COLS))
     assert tensor.exact and tensor.bits == requantized_bits(qtype)
+    # MXFP4 is MLX's own mxfp4: exponent bytes for scales, no biases, 4.25 bits a weight
+    assert tensor.mode == ("mxfp4" if qtype == T.MXFP4 else "affine")
+    assert (tensor.biases is None) == (qtype == T.MXFP4)
     assert same_bits(mlx_dequantize(tensor), gguf_quants.dequantize(data, qtype))
 
 
@@ -100,8 +109,8 @@ def test_quantized_matmul_on_the_arrays(qtype, writer):
     tensor = to_mlx(qtype, data, (ROWS, COLS))
     x = mx.array(rng.standard_normal((4, COLS)).astype(np.float32))
     product = mx.quantized_matmul(x, mx.array(tensor.weight), mx.array(tensor.scales),
-                                  mx.array(tensor.biases), transpose=True, group_size=32,
-                                  bits=tensor.bits)
+                                  _biases(tensor), transpose=True, group_size=32,
+                                  bits=tensor.bits, mode=tensor.mode)
     dense = np.array(x @ mx.array(mlx_dequantize(tensor)).T)
     atol = 1e-5 * np.abs(dense).max()
     assert np.allclose(np.array(product), dense, rtol=1e-4, atol=atol)

@@ -187,7 +187,7 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
     dst.mkdir(parents=True, exist_ok=True)
     total = sum(t.n_bytes for t in gguf.tensors)
     done = 0
-    bits_of: dict[str, int] = {}
+    bits_of: dict[str, tuple[int, str]] = {}  # a quantized layer's bits and mode
     shard: dict[str, mx.array] = {}
     shard_bytes, shard_index = 0, 0
     for t in gguf.tensors:
@@ -212,7 +212,7 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
             arrays = _split(arrays, hf, parts)
         if out.bits is not None:
             for part in parts or [(hf, 0)]:
-                bits_of[part[0].removesuffix(".weight")] = out.bits
+                bits_of[part[0].removesuffix(".weight")] = (out.bits, out.mode)
         for key, value in arrays.items():
             shard[key] = value
             shard_bytes += value.nbytes
@@ -265,9 +265,12 @@ def _arrays(out, hf: str, order: np.ndarray | None, offset: float, dtype) -> dic
     parts = {hf: out.weight, f"{stem}.scales": out.scales, f"{stem}.biases": out.biases}
     result = {}
     for key, value in parts.items():
+        if value is None:  # (mxfp4: no biases)
+            continue
         value = value if order is None else value[order]
         array = mx.array(value)
-        result[key] = array if key == hf else array.astype(dtype)
+        # (mxfp4's scales are exponent bytes: kept as they are)
+        result[key] = array if key == hf or out.mode != "affine" else array.astype(dtype)
     return result
 
 
@@ -286,13 +289,16 @@ def _split(arrays: dict[str, Any], hf: str, parts: list[tuple[str, int]]) -> dic
     return out
 
 
-def _quantization(bits_of: dict[str, int]) -> dict[str, Any]:
-    """mlx_lm's quantization config: the most common bits, per-layer entries for the rest."""
-    common = collections.Counter(bits_of.values()).most_common(1)[0][0]
-    config: dict[str, Any] = {"group_size": GROUP_SIZE, "bits": common, "mode": "affine"}
-    for path, bits in sorted(bits_of.items()):
-        if bits != common:
-            config[path] = {"group_size": GROUP_SIZE, "bits": bits}
+def _quantization(bits_of: dict[str, tuple[int, str]]) -> dict[str, Any]:
+    """mlx_lm's quantization config: the most common bits and mode, per-layer entries for the
+    rest."""
+    bits, mode = collections.Counter(bits_of.values()).most_common(1)[0][0]
+    config: dict[str, Any] = {"group_size": GROUP_SIZE, "bits": bits, "mode": mode}
+    for path, (layer_bits, layer_mode) in sorted(bits_of.items()):
+        if (layer_bits, layer_mode) != (bits, mode):
+            config[path] = {"group_size": GROUP_SIZE, "bits": layer_bits}
+            if layer_mode != "affine":
+                config[path]["mode"] = layer_mode
     return config
 
 

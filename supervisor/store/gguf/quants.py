@@ -3,18 +3,23 @@
 `to_mlx` turns the bytes gguf's reader gives for a tensor into an `MlxTensor`: a float32 array,
 or MLX affine quantization (group size 32) as numpy arrays: a packed uint32 weight, float32
 scales and biases, with `bits`. MLX dequantizes a group as w = scale * q + bias, q unsigned.
+MXFP4 maps onto MLX's own "mxfp4" mode instead (`mode`): the same 4-bit E2M1 codes and e8m0
+exponent bytes, no biases, 4.25 bits a weight.
 
 Invariants:
 - Float types (F32, F16, BF16) become float32 arrays of the logical shape; widening is exact.
 - The exact types map each GGUF block onto MLX groups of 32 with no rounding anywhere:
-  Q8_0 (8 bits), Q4_0, Q4_1, Q4_K (4), Q5_0, Q5_1, Q5_K, MXFP4 (5). For them
+  Q8_0 (8 bits), Q4_0, Q4_1, Q4_K (4), Q5_0, Q5_1, Q5_K (5). For them
   mx.dequantize(weight, scales, biases) equals gguf.quants.dequantize as float32 values
   (a zero weight may come back +0.0 where gguf gives -0.0, when a block's scale is negative).
   Why no rounding: every GGUF scale is a float16 (or a power of two) times a small integer, so
   scale * q needs at most 24 significant bits and is exact in float32; a signed q becomes
   q + offset with bias = -offset * scale, also exact; where GGUF adds a minimum (Q4_1, Q5_1,
-  Q4_K, Q5_K) the one rounded operation is that addition, the same in both. (MXFP4 exponent
-  bytes from 252 up, scales past 2^123 that no real weight has, overflow in MLX's form.)
+  Q4_K, Q5_K) the one rounded operation is that addition, the same in both.
+- MXFP4 is exact too: a block's value i is E2M1 code i (ggml's table of doubled E2M1 values,
+  in the same code order) times 2^(e - 128) doubled back, which is MLX's mxfp4 value: code i
+  times 2^(e - 127). Only the nibble order changes (ggml: values 0-15 in the low nibbles, 16-31
+  in the high ones; MLX: element order).
 - Q6_K (sub-blocks of 16 with their own scales: no exact MLX form) becomes 8 bits in groups
   of 32 with `exact=False`: each group's scale a code 0..63 times a factor per 256 values,
   its bias -128 times its scale (`_q6_k`), so the runner's kernel reads its scales as the
@@ -67,6 +72,7 @@ class MlxTensor:
     bits: int | None = None
     group_size: int | None = None
     exact: bool = True                # dequantizes to gguf's float32 values exactly
+    mode: str = "affine"              # or "mxfp4": scales uint8 exponents, no biases
 
 
 def describe_type(ggml_type: int) -> str:
@@ -91,6 +97,8 @@ def to_mlx(ggml_type: int, data: np.ndarray, shape: tuple[int, ...], name: str =
         return MlxTensor(weight=_dequantize_gguf(qtype, blocks, shape))
     if qtype.name in EXACT:
         return _exact(qtype, blocks, shape)
+    if qtype.name == "MXFP4":
+        return _mxfp4(blocks, shape)
     if qtype.name == "Q6_K":
         return _q6_k(blocks, shape)
     return _requantize(qtype, blocks, shape)
@@ -104,6 +112,8 @@ def requantized_bits(ggml_type: int) -> int:
         raise ValueError(f"{qtype.name} is a float type, not a quantized one")
     if qtype.name in EXACT:
         return EXACT[qtype.name][0]
+    if qtype.name == "MXFP4":
+        return 4
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     wanted = math.ceil(type_size * 8 / block_size) + 1
     return next((bits for bits in MLX_BITS if bits >= wanted), MLX_BITS[-1])
@@ -324,20 +334,23 @@ def _q5_k(blocks: np.ndarray) -> Groups:
     return q.reshape(len(blocks), -1), *_k_groups(blocks)
 
 
+# E2M1 values, doubled, by code: ggml's table and MLX's mxfp4 codes alike.
 MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
 
 
-def _mxfp4(blocks: np.ndarray) -> Groups:
-    # The e8m0 byte e is a scale 2^(e - 128): half of 2^(e - 127), as the values above are
-    # doubled e2m1 ones. Below e = 2 it is a float32 subnormal, still exact.
-    d = np.ldexp(np.float32(1), blocks[..., :1].astype(np.int32) - 128)
-    q = (MXFP4_VALUES[_nibbles(blocks[..., 1:])] + 12).astype(np.uint8)  # -12..12 -> 0..24
-    return q.reshape(len(blocks), -1), *_per_block(d, -12 * d)
+def _mxfp4(blocks: np.ndarray, shape: tuple[int, ...]) -> MlxTensor:
+    """ggml blocks (exponent byte, 16 bytes of codes) -> MLX mxfp4 (codes in element order,
+    the exponent bytes as scales)."""
+    codes = _nibbles(blocks[..., 1:]).reshape(len(blocks), -1)
+    lead = shape[:-1]
+    return MlxTensor(weight=pack(codes, 4).reshape(*lead, -1),
+                     scales=np.ascontiguousarray(blocks[..., 0]).reshape(*lead, -1),
+                     bits=4, group_size=GROUP_SIZE, exact=True, mode="mxfp4")
 
 
 EXACT: dict[str, tuple[int, Callable[[np.ndarray], Groups]]] = {
     "Q8_0": (8, _q8_0), "Q4_0": (4, _q4_0), "Q4_1": (4, _q4_1), "Q5_0": (5, _q5_0),
-    "Q5_1": (5, _q5_1), "Q4_K": (4, _q4_k), "Q5_K": (5, _q5_k), "MXFP4": (5, _mxfp4),
+    "Q5_1": (5, _q5_1), "Q4_K": (4, _q4_k), "Q5_K": (5, _q5_k),
 }
 
 
@@ -374,6 +387,11 @@ def dequantize(tensor: MlxTensor) -> np.ndarray:
     """An MlxTensor's float32 values, computed in numpy as MLX does (scale * q + bias)."""
     if tensor.bits is None:
         return np.asarray(tensor.weight, np.float32)
+    if tensor.mode == "mxfp4":
+        codes = unpack(tensor.weight, 4)
+        codes = codes.reshape(*codes.shape[:-1], -1, tensor.group_size)
+        scale = np.ldexp(np.float32(1), tensor.scales.astype(np.int32) - 128)
+        return (MXFP4_VALUES[codes] * scale[..., None]).reshape(*codes.shape[:-2], -1)
     q = unpack(tensor.weight, tensor.bits).astype(np.float32)
     q = q.reshape(*q.shape[:-1], -1, tensor.group_size)
     values = tensor.scales[..., None] * q + tensor.biases[..., None]

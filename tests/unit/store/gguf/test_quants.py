@@ -19,7 +19,8 @@ EXACT_TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.MXFP4]
 
 
 def test_the_exact_types_are_the_ones_named_here():
-    assert set(EXACT) == {t.name for t in EXACT_TYPES}
+    # (MXFP4 as MLX's own mxfp4 mode, the others as affine groups)
+    assert set(EXACT) | {"MXFP4"} == {t.name for t in EXACT_TYPES}
 
 
 @pytest.mark.parametrize("qtype", [T.F32, T.F16, T.BF16])
@@ -41,7 +42,7 @@ def test_bf16_as_16_bit_words_widens_the_same():
 
 @pytest.mark.parametrize("qtype, bits", [
     (T.Q8_0, 8), (T.Q4_0, 4), (T.Q4_1, 4), (T.Q5_0, 5), (T.Q5_1, 5), (T.Q4_K, 4), (T.Q5_K, 5),
-    (T.MXFP4, 5), (T.Q6_K, 8), (T.Q3_K, 5), (T.Q2_K, 4), (T.IQ4_XS, 6), (T.IQ4_NL, 6),
+    (T.MXFP4, 4), (T.Q6_K, 8), (T.Q3_K, 5), (T.Q2_K, 4), (T.IQ4_XS, 6), (T.IQ4_NL, 6),
     (T.IQ2_XXS, 4), (T.IQ2_XS, 4), (T.IQ2_S, 4), (T.IQ3_XXS, 5), (T.IQ3_S, 5), (T.IQ1_S, 3),
     (T.IQ1_M, 3), (T.TQ1_0, 3), (T.TQ2_0, 4), (T.NVFP4, 6),
 ])
@@ -101,9 +102,11 @@ def test_unpack_inverts_pack(bits):
 
 
 def affine(tensor: MlxTensor) -> np.ndarray:
-    """Our own check of the packed layout: unpack and apply scale * q + bias per group."""
+    """Our own check of the packed layout: unpack and apply scale * q + bias per group (for
+    mxfp4: value * 2^(e - 127) per group)."""
     assert tensor.group_size == 32 and tensor.exact
-    assert tensor.weight.dtype == np.uint32 and tensor.scales.dtype == np.float32
+    scales = np.uint8 if tensor.mode == "mxfp4" else np.float32
+    assert tensor.weight.dtype == np.uint32 and tensor.scales.dtype == scales
     return dequantize(tensor)
 
 
@@ -113,7 +116,8 @@ def test_exact_types_dequantize_to_gguf_values_bit_for_bit(qtype):
     tensor = to_mlx(qtype, data, (ROWS, COLS))
     assert tensor.bits == requantized_bits(qtype)
     assert tensor.weight.shape == (ROWS, COLS * tensor.bits // 32)
-    assert tensor.scales.shape == tensor.biases.shape == (ROWS, COLS // 32)
+    assert tensor.scales.shape == (ROWS, COLS // 32)
+    assert tensor.biases is None if qtype == T.MXFP4 else tensor.biases.shape == (ROWS, COLS // 32)
     expected = gguf_quants.dequantize(data, qtype)
     assert np.array_equal(affine(tensor).view(np.uint32), expected.view(np.uint32))
 
