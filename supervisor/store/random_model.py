@@ -23,6 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 from dataclasses import dataclass
@@ -97,6 +98,10 @@ PRESETS: dict[str, Preset] = {
     "phi3": _arch("phi3", False, note=", LongRoPE"),
     # Untied: with Granite's embedding multiplier (12) a tied head repeats the last token.
     "granite": _arch("granite", False, note=", Granite multipliers"),
+    # The qwen3 preset with 4 KV heads: tensor-shards over 4 ranks, one KV head each, with the
+    # small tokenizer (7 MB for each rank to load where tiny-kv4 is 161 MB).
+    "qwen3-kv4": dataclasses.replace(_arch("qwen3", False, heads=8, note=", 4 KV heads"),
+                                     kv_heads=4),
     # Qwen3's mixture of experts (Qwen3-30B-A3B's family): 8 experts a layer, 2 used a token.
     "qwen3_moe": _arch("qwen3_moe", False, heads=8, note=", 8 experts (2 a token) a layer",
                        experts=8),

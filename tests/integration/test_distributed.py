@@ -26,14 +26,19 @@ pytestmark = pytest.mark.timeout(240)
 SHORT = ([("word " * (3 + 9 * i)) + f"end {i}" for i in range(8)], [4 + 2 * i for i in range(8)])
 
 
-def ranks(server) -> list[dict]:
+def loaded(server, model: str) -> dict:
+    """`model`'s entry in /api/ps."""
     with server.http() as http:
-        return http.get("/api/ps").json()["models"][0]["ranks"]
+        return next(m for m in http.get("/api/ps").json()["models"]
+                    if m["name"] == f"{model}:latest")
 
 
-def sharding(server) -> str:
-    with server.http() as http:
-        return http.get("/api/ps").json()["models"][0]["sharding"]
+def ranks(server, model: str = "m") -> list[dict]:
+    return loaded(server, model)["ranks"]
+
+
+def sharding(server, model: str = "m") -> str:
+    return loaded(server, model)["sharding"]
 
 
 def answers(server, model: str = "m", work=SHORT) -> list[str]:
@@ -50,20 +55,19 @@ def answers(server, model: str = "m", work=SHORT) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def small_model(model_factory):
-    return model_factory("small")  # 4 heads, 2 KV heads: shards over 2 ranks
-
-
-@pytest.fixture(scope="module")
 def models(model_factory, tmp_path_factory):
-    # small: 4 heads, 2 KV heads (tensor over 2); qwen2: pipeline in mlx-lm; tiny-kv4: 4 KV
-    # heads (tensor over 4); small in bfloat16, which every rank widens to float32 on the CPU
+    # m: the qwen3 architecture preset, 8 heads and 2 KV heads (tensor over 2, one KV head a
+    # rank), with a 2,048-token tokenizer: 7 MB for each rank to load, not the 131 MB of the
+    # 151,680-row "small", and greedy replies that differ more from prompt to prompt; bf: the
+    # same in bfloat16, which every rank widens to float32 on the CPU (computed in bfloat16
+    # instead, one of the 8 replies differs); q2: qwen2, which mlx-lm can pipeline; t4:
+    # qwen3-kv4, the qwen3 preset with 4 KV heads (tensor over 4, one KV head a rank)
     from mlxr.supervisor.store.random_model import write_random_model
 
-    bf16 = write_random_model(tmp_path_factory.mktemp("bf16") / "small", preset="small",
+    bf16 = write_random_model(tmp_path_factory.mktemp("bf16") / "qwen3", preset="qwen3",
                               dtype="bfloat16")
-    return {"m": model_factory("small"), "q2": model_factory("qwen2"),
-            "t4": model_factory("tiny-kv4"), "bf": bf16}
+    return {"m": model_factory("qwen3"), "q2": model_factory("qwen2"),
+            "t4": model_factory("qwen3-kv4"), "bf": bf16}
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +87,23 @@ def group_server(tmp_path_factory, subprocess_env, models, ranks: int | list[dic
 
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory, subprocess_env, models, model_factory):
-    yield from group_server(tmp_path_factory, subprocess_env,
-                            {"m": models["m"], "tiny": model_factory("tiny"),
-                             "bf": models["bf"]}, 2)
+    # 2 ranks that shard by pipeline unless a model's Modelfile says otherwise (MLXR_SHARDING:
+    # q2 in the pipeline test, on this server rather than a third); m and bf ask for auto in
+    # theirs (tensor: their heads divide among the ranks), which wins over the server's
+    for server in group_server(tmp_path_factory, subprocess_env,
+                               {"tiny": model_factory("tiny"), "q2": models["q2"]}, 2,
+                               MLXR_SHARDING="pipeline"):
+        with server.http() as http:
+            for name in ("m", "bf"):
+                made = http.post("/api/create", json={"model": name, "from": str(models[name]),
+                                                      "stream": False,
+                                                      "parameters": {"sharding": "auto"}})
+                assert made.status_code == 200, made.text
+        yield server
 
 
 def weights(server, model: str) -> str:
-    with server.http() as http:
-        return {m["name"]: m.get("weights")
-                for m in http.get("/api/ps").json()["models"]}[f"{model}:latest"]
+    return loaded(server, model).get("weights")
 
 
 def test_two_ranks_give_the_single_runners_tokens(single, sharded):
@@ -123,13 +135,14 @@ def test_ranks_widen_a_bfloat16_model_together_and_give_the_single_runners_token
         http.post("/api/generate", json={"model": "bf", "keep_alive": 0})
 
 
-def test_pipeline_over_two_ranks_gives_the_single_runners_tokens(
-        single, tmp_path_factory, subprocess_env, models):
+def test_pipeline_over_two_ranks_gives_the_single_runners_tokens(single, sharded):
+    # q2's heads divide among 2 ranks (auto would take tensor): pipeline is the server's
+    # MLXR_SHARDING
     want = answers(single, "q2", SHORT)
-    for server in group_server(tmp_path_factory, subprocess_env, {"q2": models["q2"]}, 2,
-                               MLXR_SHARDING="pipeline"):
-        assert answers(server, "q2", SHORT) == want
-        assert sharding(server) == "pipeline"
+    assert answers(sharded, "q2", SHORT) == want
+    assert sharding(sharded, "q2") == "pipeline"
+    with sharded.http() as http:  # back to one group for the tests after this one
+        http.post("/api/generate", json={"model": "q2", "keep_alive": 0})
 
 
 def test_tensor_over_four_ranks_on_other_hosts_gives_the_single_runners_tokens(
@@ -140,13 +153,14 @@ def test_tensor_over_four_ranks_on_other_hosts_gives_the_single_runners_tokens(
         for server in group_server(tmp_path_factory, subprocess_env, {"t4": models["t4"]},
                                    hosts.entries, MLXR_REMOTE_SHELL=hosts.remote_shell):
             assert answers(server, "t4", SHORT) == want
-            assert sharding(server) == "tensor"
-            assert [(r["rank"], r["host"]) for r in ranks(server)] == \
+            assert sharding(server, "t4") == "tensor"
+            assert [(r["rank"], r["host"]) for r in ranks(server, "t4")] == \
                 [(i, e["ssh"]) for i, e in enumerate(hosts.entries)]
             # each rank's memory as it reported it (every 2 s)
-            assert wait_for(lambda: all(r["memory"] > 0 for r in ranks(server)), timeout=5)
+            assert wait_for(lambda: all(r["memory"] > 0 for r in ranks(server, "t4")),
+                            timeout=5)
             if hosts.netns:  # the stand-ins really are other hosts: rank 1 is not here
-                rank1 = psutil.Process(ranks(server)[1]["pid"])
+                rank1 = psutil.Process(ranks(server, "t4")[1]["pid"])
                 assert os.readlink(f"/proc/{rank1.pid}/ns/net") != os.readlink(
                     "/proc/self/ns/net")
     finally:
