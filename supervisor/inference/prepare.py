@@ -281,7 +281,8 @@ def _harmony_level(think: bool | str | None) -> bool | str | None:
 def _format_after(renderer: Renderer, prompt: str, think: Any, fmt: Any) -> str | None:
     """The end-of-thinking tag when the output starts with a thinking section to leave free
     (a harmony model's: the final channel's header, after whatever it writes first)."""
-    if fmt is not None and fmt is not True and is_harmony(renderer.source):
+    if fmt is not None and fmt is not True and think is not False \
+            and is_harmony(renderer.source):
         return None if prompt.endswith(FINAL_MESSAGE) else FINAL_MESSAGE
     if fmt is None or not think or not renderer.thinking_tags:
         return None

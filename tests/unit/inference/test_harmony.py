@@ -11,7 +11,7 @@ import pytest
 
 from mlxr.supervisor.inference.harmony import FINAL_MESSAGE, HarmonyParser, ToolNames, is_harmony
 from mlxr.supervisor.inference.prepare import prepare_chat, prepare_generate
-from mlxr.supervisor.inference.tool_calls import OutputParser
+from mlxr.supervisor.inference.tool_calls import ForcedCall, ForcedCallParser, OutputParser
 from mlxr.supervisor.inference.types import ChatRequest, GenerateRequest
 from mlxr.supervisor.store.small_tokenizer import write_small_tokenizer
 
@@ -153,6 +153,12 @@ def test_a_format_holds_after_the_final_channel_opens(store):
     assert thinking.format == schema and thinking.format_after == FINAL_MESSAGE
     direct = chat(store, format=schema, think=False)
     assert direct.format_after is None and direct.prompt.endswith(FINAL_MESSAGE)
+    # raw text, and a forced tool call (constrained from the first token): no channel to wait for
+    raw = prepare_generate(GenerateRequest(model="oss", prompt="{", raw=True, format=schema),
+                           record(), store, 4096)
+    assert raw.format == schema and raw.format_after is None
+    forced = chat(store, tools=[TOOL], force_call=ForcedCall("get-weather"))
+    assert forced.format_after is None and isinstance(forced.parser.tools, ForcedCallParser)
 
 
 def test_generate_parses_harmony_unless_raw(store):
