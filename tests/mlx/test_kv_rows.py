@@ -8,7 +8,8 @@ from mlx_lm.utils import load
 from mlxr.runner.kv import rows
 from mlxr.supervisor.store.random_model import ARCH_NAMES, write_random_model
 
-SLIDING = {"gemma2", "gemma3"}  # window layers: mlx-lm's rotating cache, in the padded batch
+# window layers (gpt_oss's also attention sinks): mlx-lm's rotating cache, in the padded batch
+SLIDING = {"gemma2", "gemma3", "gpt_oss"}
 
 
 @pytest.mark.parametrize("arch", ARCH_NAMES)
