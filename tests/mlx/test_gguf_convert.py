@@ -168,7 +168,12 @@ def _ollama_gpt_oss(src, dest):
         else:
             writer.add_key_value(key, field.contents(), kind)
     writer.add_key_value("tokenizer.ggml.eos_token_ids", [2040, 2041, 2047], V.ARRAY, V.INT32)
-    tensors = {t.name: np.array(t.data) for t in reader.tensors}
+    tensors = {t.name: (np.array(t.data), T(t.tensor_type)) for t in reader.tensors}
+
+    def add(name, data, kind):  # (quantized rows as their bytes)
+        raw = None if kind in (T.F32, T.F16) else kind
+        writer.add_tensor(name, data, raw_dtype=raw)
+
     for name in sorted(tensors):
         stem, _, kind = name.rpartition(".")
         if stem.endswith(("attn_k", "attn_v")):
@@ -176,9 +181,9 @@ def _ollama_gpt_oss(src, dest):
         if stem.endswith("attn_q"):
             fused = stem.removesuffix("attn_q") + "attn_qkv"
             parts = [tensors[f"{stem[:-1]}{x}.{kind}"] for x in "qkv"]
-            writer.add_tensor(f"{fused}.{kind}", np.concatenate(parts, axis=0))
+            add(f"{fused}.{kind}", np.concatenate([p for p, _ in parts], axis=0), parts[0][1])
         else:
-            writer.add_tensor(name, tensors[name])
+            add(name, *tensors[name])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
