@@ -35,7 +35,8 @@ SUB_BATCH = 32
 SUB_BATCH_TOKENS = 16384  # padded tokens per sub-batch: bounds activation memory
 LM_CHUNK = 512  # a language model reads long inputs in chunks through a KV cache
 OVERFLOW = "input length exceeds maximum context length"
-ENCODER_TYPES = ("bert", "nomic_bert")  # served by runner/embed's encoders, not mlx_lm
+# served by runner/embed's encoders, not mlx_lm (XLM-RoBERTa as BERT: encoder.load_bert)
+ENCODER_TYPES = ("bert", "xlm-roberta", "nomic_bert")
 
 
 class Embedder(Protocol):
@@ -55,7 +56,7 @@ def is_encoder_dir(model_dir: str | Path) -> bool:
     config = json.loads((Path(model_dir) / "config.json").read_text())
     archs = config.get("architectures") or []
     return config.get("model_type") in ENCODER_TYPES or \
-        any(str(a).startswith(("Bert", "NomicBert")) for a in archs)
+        any(str(a).startswith(("Bert", "XLMRoberta", "NomicBert")) for a in archs)
 
 
 def plan_batches(lengths: list[int], max_batch: int = SUB_BATCH,

@@ -153,22 +153,37 @@ def key_mask(attention_mask: mx.array, dtype: mx.Dtype) -> mx.array:
                     mx.array(0.0, dtype), mx.array(-mx.inf, dtype))
 
 
-def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-    """HF names -> this module's names: drop `bert.`, unused tensors, and the `self.` level."""
+def sanitize(weights: dict[str, mx.array], position_offset: int = 0) -> dict[str, mx.array]:
+    """HF names -> this module's names: drop `bert.` (`roberta.`), unused tensors, and the
+    `self.` level; the position table from its first position (`position_offset` rows in)."""
     out = {}
     for name, value in weights.items():
-        name = name.removeprefix("bert.")
-        if name.startswith(_UNUSED_PREFIXES):
+        name = name.removeprefix("bert.").removeprefix("roberta.")
+        if name.startswith(_UNUSED_PREFIXES) or name.startswith("lm_head."):
             continue
+        if name == "embeddings.position_embeddings.weight":
+            value = value[position_offset:]
         out[name.replace(".attention.self.", ".attention.")] = value
     return out
 
 
+def position_offset(config: dict[str, Any]) -> int:
+    """XLM-RoBERTa counts positions from pad_token_id + 1 (its table's rows before are never
+    read); BERT from 0."""
+    return int(config.get("pad_token_id", 1)) + 1 if config.get("model_type") == "xlm-roberta" \
+        else 0
+
+
 def load_bert(model_dir: str | Path) -> BertEncoder:
-    """Build the encoder from config.json and load its weights (`load_weights`)."""
+    """Build the encoder from config.json and load its weights (`load_weights`). An
+    XLM-RoBERTa directory becomes BERT with its position table cut to start at position 0."""
     model_dir = Path(model_dir)
-    cfg = BertConfig.from_dict(json.loads((model_dir / "config.json").read_text()))
-    return load_weights(BertEncoder(cfg), model_dir, sanitize)
+    config = json.loads((model_dir / "config.json").read_text())
+    offset = position_offset(config)
+    if offset:
+        config = {**config, "max_position_embeddings": config["max_position_embeddings"] - offset}
+    return load_weights(BertEncoder(BertConfig.from_dict(config)), model_dir,
+                        lambda weights: sanitize(weights, offset))
 
 
 def load_weights(model: nn.Module, model_dir: Path, rename=lambda weights: weights):

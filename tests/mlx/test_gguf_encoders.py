@@ -159,3 +159,27 @@ def test_a_cls_pooled_gguf_gives_the_first_tokens_state(tmp_path):
     for row, tokens in zip(model.forward(ids), ids):
         first = np.array(bert(mx.array([tokens]), mx.ones((1, len(tokens))))[0, 0])
         np.testing.assert_allclose(row, first / np.linalg.norm(first), atol=1e-6)
+
+
+@pytest.mark.parametrize("file_type, floor", [("F32", 0.9999999), ("F16", 0.9999)])
+def test_xlm_roberta_from_its_directory_and_gguf_matches_a_numpy_forward_pass(
+        file_type, floor, tmp_path):
+    # bge-m3's layout: XLM-RoBERTa, a SentencePiece Unigram tokenizer, CLS pooling
+    from tests.harness.encoders import bert_reference, write_random_xlmr, xlmr_ids
+
+    source = write_random_xlmr(tmp_path / "xlmr")
+    texts = ["Le café naïve 敏捷的狐狸  runs ①", "  leading and   inner  spaces ",
+             "быстрая лиса 日本語のテキスト " * 20]
+    want = [xlmr_ids(source, t) for t in texts]
+    gguf_path, dest = _import(source, tmp_path, file_type)
+    summary = check_supported(gguf_path)
+    assert summary.kv["tokenizer.ggml.model"] == "t5" and summary.kv["bert.pooling_type"] == 2
+    for model_dir, cosine_floor in ((source, 0.9999999), (dest, floor)):
+        for host in (False, True):
+            embedder = load_encoder_embedder(model_dir, 8192, host=host)
+            assert embedder.max_length == 512
+            ids = embedder.encode(texts, True)
+            assert ids == want
+            cosines = _cosines(embedder.forward(ids),
+                               np.array([bert_reference(source, i) for i in ids]))
+            assert cosines.min() >= cosine_floor, (model_dir.name, host, cosines)

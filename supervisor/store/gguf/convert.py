@@ -234,7 +234,7 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     if encoder:
         limit = config.get("max_position_embeddings") or config["n_positions"]
-        files = {**wordpiece.hf_files(kv), **pooling.sentence_transformers_files(kv, limit)}
+        files = {**wordpiece.encoder_files(kv), **pooling.sentence_transformers_files(kv, limit)}
     else:
         files = tokenizer.hf_tokenizer_files(kv)
         if pooling.embeds(kv):  # an embedding model (Qwen3-Embedding): how to pool

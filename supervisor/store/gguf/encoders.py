@@ -1,9 +1,10 @@
 """GGUF embedding models (encoders) <-> the Hugging Face directories runner/embed loads: BERT
-("bert": all-minilm, mxbai-embed-large, snowflake-arctic-embed, bge...) and Nomic BERT
-("nomic-bert": nomic-embed-text v1 and v1.5), as llama.cpp's converter lays them out.
+("bert": all-minilm, mxbai-embed-large, snowflake-arctic-embed, bge...; and XLM-RoBERTa, which
+llama.cpp writes as "bert" with a SentencePiece tokenizer: bge-m3, snowflake-arctic-embed2) and
+Nomic BERT ("nomic-bert": nomic-embed-text v1 and v1.5), as llama.cpp's converter lays them out.
 
 A converted directory is a sentence-transformers one: config.json, the weights under Hugging
-Face's names, a WordPiece tokenizer.json (wordpiece.py), and modules.json with
+Face's names, a WordPiece or Unigram tokenizer.json (wordpiece.py, unigram.py), and modules.json with
 1_Pooling/config.json for the file's `{arch}.pooling_type` (pooling.py).
 
 Invariants:
@@ -59,6 +60,16 @@ ARCHITECTURES: tuple[str, ...] = tuple(SPECS)
 # Tables llama.cpp's converter keeps in F32 whatever the file type (rows added to F32 values).
 F32_TENSORS = ("position_embd.weight", "token_types.weight")
 _BY_MODEL_TYPE = {s.model_type: s for s in SPECS.values()}
+# XLM-RoBERTa (bge-m3, snowflake-arctic-embed2, paraphrase-multilingual) is BERT to llama.cpp:
+# its position table starts at pad_token_id + 1, and the converter drops the rows before.
+_BY_MODEL_TYPE["xlm-roberta"] = SPECS["bert"]
+
+
+def position_offset(config: Mapping[str, Any]) -> int:
+    """Rows of an encoder's position table before its first position (XLM-RoBERTa's)."""
+    if config.get("model_type") != "xlm-roberta":
+        return 0
+    return int(config.get("pad_token_id", 1)) + 1
 _GGUF_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _GGUF_GLOBAL = re.compile(r"(\w+)\.(weight|bias)")
 
@@ -143,7 +154,8 @@ def gguf_metadata(config: Mapping[str, Any], pooling_type: int = 1) -> tuple[str
         raise UnsupportedArchitecture(f'model type "{config.get("model_type")}" is no encoder')
     a = s.gguf
     if a == "bert":
-        kv = {f"{a}.context_length": int(config["max_position_embeddings"]),
+        kv = {f"{a}.context_length": int(config["max_position_embeddings"])
+              - position_offset(config),
               f"{a}.embedding_length": int(config["hidden_size"]),
               f"{a}.feed_forward_length": int(config["intermediate_size"]),
               f"{a}.block_count": int(config["num_hidden_layers"]),

@@ -37,10 +37,19 @@ _SPECIAL_TYPES = (TokenType.CONTROL, TokenType.UNKNOWN)
 
 
 def check_tokenizer(kv: Mapping[str, Any]) -> None:
-    """An encoder's tokenizer must be WordPiece; else UnsupportedTokenizer naming it."""
-    if kv.get(K.MODEL) != KIND:
+    """An encoder's tokenizer must be WordPiece or SentencePiece Unigram (XLM-RoBERTa's,
+    unigram.py); else UnsupportedTokenizer naming it."""
+    if kv.get(K.MODEL) not in (KIND, "t5"):
         raise UnsupportedTokenizer(f'unsupported GGUF tokenizer "{kv.get(K.MODEL)}" for an '
-                                   'encoder; mlxr reads the WordPiece ("bert") kind')
+                                   'encoder; mlxr reads the WordPiece ("bert") and '
+                                   'SentencePiece Unigram ("t5") kinds')
+
+
+def encoder_files(kv: Mapping[str, Any]) -> dict[str, bytes]:
+    """tokenizer.json and tokenizer_config.json of an encoder, of either kind."""
+    from . import unigram
+
+    return hf_files(kv) if kv.get(K.MODEL) == KIND else unigram.hf_files(kv)
 
 
 def hf_files(kv: Mapping[str, Any]) -> dict[str, bytes]:
@@ -73,7 +82,7 @@ def hf_files(kv: Mapping[str, Any]) -> dict[str, bytes]:
                        "handle_chinese_chars": True, "strip_accents": None,
                        "lowercase": lowercase},
         "pre_tokenizer": {"type": "BertPreTokenizer"},
-        "post_processor": _cls_sep(cls, sep),
+        "post_processor": cls_sep(cls, sep),
         "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True},
         "model": {"type": "WordPiece", "unk_token": unk[0] if unk else "[UNK]",
                   "continuing_subword_prefix": "##", "max_input_chars_per_word": 100,
@@ -86,7 +95,7 @@ def hf_files(kv: Mapping[str, Any]) -> dict[str, bytes]:
     return {"tokenizer.json": _dump(tokenizer), "tokenizer_config.json": _dump(config)}
 
 
-def _cls_sep(cls: tuple[str, int], sep: tuple[str, int]) -> dict:
+def cls_sep(cls: tuple[str, int], sep: tuple[str, int]) -> dict:
     """BERT's template: [CLS] A [SEP], and [CLS] A [SEP] B [SEP] for pairs."""
     def token(t: tuple[str, int], type_id: int) -> dict:
         return {"SpecialToken": {"id": t[0], "type_id": type_id}}

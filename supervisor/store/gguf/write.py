@@ -193,15 +193,21 @@ def _write_encoder(model_dir: Path, dest: Path, file_type: str, config: dict) ->
     files (mean where they say nothing), the WordPiece vocabulary in phantom-space form, the
     weights under GGUF names (the pooler and masked-LM heads left out, the position and token
     type tables kept F32, as llama.cpp does: its CPU adds no F16 row to F32)."""
-    from . import encoders, wordpiece
+    from . import encoders, unigram, wordpiece
 
     arch, kv = encoders.gguf_metadata(config, _pooling_type(model_dir))
-    kv = {**kv, **wordpiece.gguf_fields(model_dir, config.get("vocab_size"))}
+    if config.get("model_type") == "xlm-roberta":  # SentencePiece Unigram, as "t5"
+        kv = {**kv, **unigram.gguf_fields(model_dir)}
+    else:
+        kv = {**kv, **wordpiece.gguf_fields(model_dir, config.get("vocab_size"))}
     writer = _writer(dest, arch, kv, file_type, config, model_dir)
+    offset = encoders.position_offset(config)
     for hf_name, x in sorted(_load_float32(model_dir).items()):
-        hf_name = hf_name.removeprefix("bert.")
-        if hf_name.startswith(("pooler.", "cls.", "embeddings.position_ids")):
+        hf_name = hf_name.removeprefix("bert.").removeprefix("roberta.")
+        if hf_name.startswith(("pooler.", "cls.", "lm_head.", "embeddings.position_ids")):
             continue
+        if hf_name == "embeddings.position_embeddings.weight":
+            x = x[offset:]  # (XLM-RoBERTa's rows before its first position)
         name = encoders.gguf_tensor_name(arch, hf_name)
         kind = _tensor_type("F32" if name in encoders.F32_TENSORS else file_type, name, x.shape)
         data, raw = _encode(np.ascontiguousarray(x), kind)

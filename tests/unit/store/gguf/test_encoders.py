@@ -158,3 +158,50 @@ def test_a_language_model_file_with_a_pooling_type_is_an_embedding_model(kind, e
         assert "sentence_bert_config.json" not in files  # a language model's own context
     with pytest.raises(UnsupportedArchitecture, match="rank"):
         pooling.pooling_mode({**kv, "qwen3.pooling_type": 4})  # Qwen3-Reranker
+
+
+# -- XLM-RoBERTa: a SentencePiece Unigram tokenizer ("t5"), positions from pad + 1 ----------
+XLMR_TEXTS = ["Le café naïve 敏捷的狐狸  runs ①", "  leading and   inner  spaces ",
+              "Ｆｕｌｌｗｉｄｔｈ ﬁ Ω 3.14", "быстрая лиса 日本語のテキスト", "zzz qqq ÿ", ""]
+
+
+@pytest.fixture(scope="module")
+def xlmr(tmp_path_factory):
+    from tests.harness.encoders import write_random_xlmr
+
+    return write_random_xlmr(tmp_path_factory.mktemp("xlmr") / "model")
+
+
+def test_a_unigram_file_rebuilds_sentencepieces_tokenization(xlmr):
+    from mlxr.supervisor.store.gguf import unigram
+    from tests.harness.encoders import xlmr_ids
+
+    fields = unigram.gguf_fields(xlmr)
+    assert fields["tokenizer.ggml.model"] == "t5" and fields["tokenizer.ggml.precompiled_charsmap"]
+    assert fields["tokenizer.ggml.tokens"][:4] == ["<s>", "<pad>", "</s>", "<unk>"]
+    files = wordpiece.encoder_files(fields)  # (the Unigram kind, by the file's model)
+    rebuilt = Tokenizer.from_str(files["tokenizer.json"].decode())
+    for text in XLMR_TEXTS:  # SentencePiece's own ids, fairseq's offset, <s> ... </s>
+        assert rebuilt.encode(text).ids == xlmr_ids(xlmr, text), text
+    config = json.loads(files["tokenizer_config.json"])
+    assert (config["bos_token"], config["eos_token"], config["unk_token"]) == \
+        ("<s>", "</s>", "<unk>")
+    # without the charsmap no NFKC: a full-width letter is a piece of its own, or unknown
+    plain = {k: v for k, v in fields.items() if k != "tokenizer.ggml.precompiled_charsmap"}
+    bare = Tokenizer.from_str(unigram.hf_files(plain)["tokenizer.json"].decode())
+    assert bare.encode("Ｆｕｌｌ").ids != xlmr_ids(xlmr, "Ｆｕｌｌ")
+
+
+def test_xlm_roberta_is_bert_with_its_positions_from_pad_plus_one(xlmr):
+    config = json.loads((xlmr / "config.json").read_text())
+    assert encoders.position_offset(config) == 2
+    arch, kv = encoders.gguf_metadata(config)
+    assert arch == "bert" and kv["bert.context_length"] == 512  # 514 rows less the first 2
+    assert encoders.position_offset({"model_type": "bert", "pad_token_id": 0}) == 0
+
+
+def test_only_wordpiece_and_unigram_encoder_tokenizers_are_read():
+    wordpiece.check_tokenizer({"tokenizer.ggml.model": "t5"})
+    wordpiece.check_tokenizer({"tokenizer.ggml.model": "bert"})
+    with pytest.raises(UnsupportedTokenizer, match='"gpt2" for an encoder'):
+        wordpiece.check_tokenizer({"tokenizer.ggml.model": "gpt2"})
