@@ -51,6 +51,9 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
             for name, t in header.tensors.items()}
 
 
+_MX_FORMATS = {"mxfp4": 4, "mxfp8": 8}  # microscaling formats (groups of 32): bits a value
+
+
 def count_parameters(headers: list[dict[str, Any]], bits: int | None) -> tuple[int, str]:
     """(parameter count, dominant float dtype). Packed quantized weights count 32/bits each;
     their scales and biases are not parameters."""
@@ -64,6 +67,10 @@ def count_parameters(headers: list[dict[str, Any]], bits: int | None) -> tuple[i
             continue
         if bits and t.get("dtype") == "U32" and stem + ".scales" in tensors:
             n = n * 32 // bits
+        elif name.endswith("_scales") and name.removesuffix("_scales") + "_blocks" in tensors:
+            continue  # OpenAI's MXFP4 layout (gpt-oss): one exponent byte a block
+        elif name.endswith("_blocks") and t.get("dtype") == "U8":
+            n *= 2  # two 4-bit values a byte
         total += n
         by_dtype[t.get("dtype", "")] = by_dtype.get(t.get("dtype", ""), 0) + n
     dtype = max(by_dtype, key=by_dtype.get) if by_dtype else ""
@@ -141,8 +148,13 @@ def describe(files: Mapping[str, Path], template: str | None = None) -> ModelDes
         raise InvalidRequest("model has no .safetensors weights")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     quant = config.get("quantization") or config.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method") in _MX_FORMATS and "bits" not in quant:
+        # (OpenAI's gpt-oss checkpoints: {"quant_method": "mxfp4"}, as mlx_lm reads them)
+        quant = {"bits": _MX_FORMATS[quant["quant_method"]], "group_size": 32,
+                 "mode": quant["quant_method"]}
     quant = dict(quant) if isinstance(quant, dict) and "bits" in quant else None
     bits = int(quant["bits"]) if quant else None
+    mode = str(quant.get("mode") or "affine") if quant else "affine"
     count, dtype = count_parameters([read_safetensors_header(files[n]) for n in weights], bits)
     arch = str(config.get("model_type") or text.get("model_type") or "unknown")
     template = template if template is not None else chat_template_of(files)
@@ -169,7 +181,8 @@ def describe(files: Mapping[str, Path], template: str | None = None) -> ModelDes
         info["general.quantization_group_size"] = quant.get("group_size")
     return ModelDescription(
         architecture=arch, parameter_count=count,
-        file_type=f"Q{bits}" if bits else (dtype or "unknown"),
+        file_type=mode.upper() if mode != "affine" else f"Q{bits}" if bits else
+        (dtype or "unknown"),
         context_length=ctx if isinstance(ctx, int) else None,
         embedding_length=emb if isinstance(emb, int) else None,
         quantization=({"bits": bits, "group_size": quant.get("group_size"),

@@ -203,3 +203,27 @@ def test_an_mxfp4_gguf_is_created_shown_and_served(real, oss, tmp_path):
     with httpx.Client(base_url=real.url) as http:
         held = {m["name"]: m.get("weights") for m in http.get("/api/ps").json()["models"]}
     assert held["oss-gguf:latest"].startswith("float32 from"), held  # 5-bit experts widened
+
+
+def test_openais_own_checkpoint_layout_is_created_described_and_served(real, oss, tmp_path):
+    # openai/gpt-oss-20b as Hugging Face has it: MXFP4 experts in blocks and scales
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
+    from mlx_lm.utils import load
+
+    from tests.harness.gpt_oss import write_hf_gpt_oss
+
+    hf = write_hf_gpt_oss(oss, tmp_path / "gpt-oss-hf")
+    client = real.client()
+    assert client.create(model="oss-hf", from_=str(hf)).status == "success"
+    shown = client.show("oss-hf")
+    assert shown.details.quantization_level == "MXFP4"
+    assert shown.modelinfo["general.parameter_count"] == 8_689_984  # as the preset's
+    prompt = "river stone cloud ember"
+    reply = client.generate(model="oss-hf", prompt=prompt, raw=True,
+                            options={"temperature": 0, "num_predict": 8})
+    model, tokenizer = load(str(hf))
+    steps = generate_step(mx.array(tokenizer.encode(prompt)), model, max_tokens=8,
+                          sampler=make_sampler(0.0))
+    assert reply.response == tokenizer.decode([int(t) for t, _ in steps])
