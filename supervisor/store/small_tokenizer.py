@@ -138,23 +138,7 @@ def _take(iterator, count: int):
 
 
 def _bpe_files(vocab_size: int) -> tuple[dict, dict, SmallTokenizer]:
-    num_normal = vocab_size - len(BPE_SPECIALS)
-    if num_normal < 256:
-        raise ValueError(f"a bpe tokenizer needs vocab_size >= {256 + len(BPE_SPECIALS)}")
-    head = _qwen3_head(num_normal)
-    ids = {name: num_normal + i for i, name in enumerate(BPE_SPECIALS)}
-    sections = head.sections
-    tokenizer_json = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [added_token(ids[name], name) for name in BPE_SPECIALS],
-        "normalizer": sections["normalizer"],
-        "pre_tokenizer": sections["pre_tokenizer"],
-        "post_processor": sections["post_processor"],
-        "decoder": sections["decoder"],
-        "model": bpe_model({t: i for i, t in enumerate(head.tokens)}, head.merges),
-    }
+    tokenizer_json, ids = _byte_level(vocab_size, BPE_SPECIALS)
     info = SmallTokenizer(
         kind="bpe",
         vocab_size=vocab_size,
@@ -188,7 +172,6 @@ def _byte_level(vocab_size: int, specials: tuple[str, ...]) -> tuple[dict, dict[
     }, ids
 
 
-@functools.cache
 def _harmony_files(vocab_size: int) -> tuple[dict, dict, SmallTokenizer]:
     tokenizer_json, ids = _byte_level(vocab_size, HARMONY_SPECIALS)
     # gpt-oss's generation config: <|return|>, <|endoftext|>, <|call|> end a reply

@@ -105,3 +105,26 @@ def test_rejects_unknown_kind_and_tiny_sizes(tmp_path):
         write_small_tokenizer(tmp_path, "wordpiece")
     with pytest.raises(ValueError, match="vocab_size"):
         write_small_tokenizer(tmp_path, "spm", 300)
+
+
+def test_the_harmony_kind_is_the_byte_level_cut_with_gpt_osss_tokens(tmp_path):
+    info = write_small_tokenizer(tmp_path, "harmony")
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert tokenizer.get_vocab_size(with_added_tokens=True) == info.vocab_size == 2048
+    ids = {t: tokenizer.token_to_id(t) for t in ("<|startoftext|>", "<|return|>",
+                                                 "<|endoftext|>", "<|call|>", "<|channel|>")}
+    assert info.bos_id == ids["<|startoftext|>"] and info.pad_id == ids["<|endoftext|>"]
+    assert info.eos_ids == (ids["<|return|>"], ids["<|endoftext|>"], ids["<|call|>"])
+    # the same pieces as "bpe" for text; the harmony tokens whole
+    text = "<|start|>user<|message|>" + MIXED + "<|end|>"
+    encoded = tokenizer.encode(text, add_special_tokens=False).ids
+
+    def plain(t: str) -> list[int]:
+        return tokenizer.encode(t, add_special_tokens=False).ids
+
+    special = tokenizer.token_to_id
+    assert encoded == [special("<|start|>"), *plain("user"), special("<|message|>"),
+                       *plain(MIXED), special("<|end|>")]
+    assert tokenizer.decode(encoded, skip_special_tokens=False) == text
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert "<|channel|>analysis" in config["chat_template"]
