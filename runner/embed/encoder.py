@@ -17,6 +17,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlxr.shared.encoders import position_offset
+
 # Weights a bare encoder does not use: the pooler (sentence-transformers pools itself), the
 # masked-LM head of *ForMaskedLM checkpoints and a buffer that HF saves with the weights.
 _UNUSED_PREFIXES = ("pooler.", "cls.", "embeddings.position_ids")
@@ -153,25 +155,18 @@ def key_mask(attention_mask: mx.array, dtype: mx.Dtype) -> mx.array:
                     mx.array(0.0, dtype), mx.array(-mx.inf, dtype))
 
 
-def sanitize(weights: dict[str, mx.array], position_offset: int = 0) -> dict[str, mx.array]:
+def sanitize(weights: dict[str, mx.array], offset: int = 0) -> dict[str, mx.array]:
     """HF names -> this module's names: drop `bert.` (`roberta.`), unused tensors, and the
-    `self.` level; the position table from its first position (`position_offset` rows in)."""
+    `self.` level; the position table from its first position (`offset` rows in)."""
     out = {}
     for name, value in weights.items():
         name = name.removeprefix("bert.").removeprefix("roberta.")
         if name.startswith(_UNUSED_PREFIXES) or name.startswith("lm_head."):
             continue
         if name == "embeddings.position_embeddings.weight":
-            value = value[position_offset:]
+            value = value[offset:]
         out[name.replace(".attention.self.", ".attention.")] = value
     return out
-
-
-def position_offset(config: dict[str, Any]) -> int:
-    """XLM-RoBERTa counts positions from pad_token_id + 1 (its table's rows before are never
-    read); BERT from 0."""
-    return int(config.get("pad_token_id", 1)) + 1 if config.get("model_type") == "xlm-roberta" \
-        else 0
 
 
 def load_bert(model_dir: str | Path) -> BertEncoder:

@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from mlxr.shared.encoders import position_offset
+
 from .arch import UnsupportedArchitecture
 
 
@@ -64,12 +66,6 @@ _BY_MODEL_TYPE = {s.model_type: s for s in SPECS.values()}
 # its position table starts at pad_token_id + 1, and the converter drops the rows before.
 _BY_MODEL_TYPE["xlm-roberta"] = SPECS["bert"]
 
-
-def position_offset(config: Mapping[str, Any]) -> int:
-    """Rows of an encoder's position table before its first position (XLM-RoBERTa's)."""
-    if config.get("model_type") != "xlm-roberta":
-        return 0
-    return int(config.get("pad_token_id", 1)) + 1
 _GGUF_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _GGUF_GLOBAL = re.compile(r"(\w+)\.(weight|bias)")
 
