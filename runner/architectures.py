@@ -3,7 +3,8 @@
 - `logit_transform`: the step from the head's matrix product to the logits, where a model has
   one (Gemma 2's final soft-capping, Granite's logits scaling), so the runner still splits the
   model into body and head and computes a prefill's logits for its last position only.
-- `fix_model` repairs mlx_lm's Gemma 2 attention, in place, after loading:
+- `fix_model` gives gpt-oss's mxfp4 experts the CPU kernel at decode (runner/mxfp4_kernel.py),
+  and repairs mlx_lm's Gemma 2 attention, in place, after loading:
   * its mask did not broadcast against its grouped-query scores for a batch of more than one
     row (the left-padded batch cache gives one mask per row: (B, 1, L, S) against scores
     (B, kv_heads, repeats, L, S)), so batched decoding failed or mixed rows;
@@ -37,6 +38,10 @@ def fix_model(model, config: Mapping[str, Any]) -> None:
     """Apply the architecture's fixes to a loaded mlx_lm model (nothing for most)."""
     if getattr(model, "model_type", None) == "gemma2":
         _fix_gemma2(model, config.get("sliding_window"))
+    if getattr(model, "model_type", None) == "gpt_oss":  # mxfp4 experts at decode on a CPU
+        from mlxr.runner.mxfp4_kernel import install
+
+        install(model)
 
 
 def _fix_gemma2(model, sliding_window: int | None) -> None:

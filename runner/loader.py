@@ -170,14 +170,16 @@ def _with_step(config: RunnerConfig, model, model_config: dict, tokenizer, visio
     import mlx.core as mx
 
     from mlxr.runner.embed.embeddings import LMEmbedder
+    from mlxr.runner import mxfp4_kernel
     from mlxr.runner.host_body import HostBody
     from mlxr.runner.model_step import ModelStep
     from mlxr.runner.weights import ON_KERNEL, float32_on_cpu
 
     body = HostBody.find(model) if weights.endswith(ON_KERNEL) else None
-    if weights.endswith(ON_KERNEL) and body is None:
-        # The numpy body does not serve this architecture, so MLX's quantized CPU products
-        # would: 5-44x float32's time. Widen after all, where it fits.
+    if weights.endswith(ON_KERNEL) and body is None and not mxfp4_kernel.serves(model):
+        # The numpy body does not serve this architecture (nor does the mxfp4 kernel serve
+        # gpt-oss's experts), so MLX's quantized CPU products would: 5-44x float32's time.
+        # Widen after all, where it fits.
         weights = float32_on_cpu(model, config.float32_weights,
                                  int(config.kv_cache_bytes * kv_scale),
                                  int(psutil.virtual_memory().available))

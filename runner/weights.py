@@ -158,7 +158,15 @@ def kernel_layers(model) -> list[str]:
     from mlxr.runner.repack import repackable
 
     return [name for name, module in model.named_modules()
-            if takes(module) or takes_stacked(module) or repackable(module)]
+            if takes(module) or takes_stacked(module) or repackable(module)
+            or _mxfp4_experts(module)]
+
+
+def _mxfp4_experts(module) -> bool:
+    """gpt-oss's experts in MLX's mxfp4 format, for runner/mxfp4_kernel.py (where it builds)."""
+    from mlxr.runner.mxfp4_kernel import Mxfp4Kernel, takes
+
+    return takes(module) and Mxfp4Kernel.load() is not None
 
 
 def kernel_extra_bytes(model) -> int:
@@ -175,6 +183,8 @@ def kernel_extra_bytes(model) -> int:
     layers = _quantized(model)
     seen = _ids(layers)
     for module, bits, arrays in layers:
+        if _mxfp4_experts(module):
+            continue  # kept as they are: codes and exponent bytes
         if takes(module) or takes_stacked(module) or repackable(module):
             extra += sum(a.size * 4 - a.nbytes for a in arrays[1:])
             if repackable(module):
@@ -189,8 +199,8 @@ def kernel_extra_bytes(model) -> int:
 
 def widen_around_kernel(model) -> int:
     """Make every weight of `model` float32 except the quantized layers the kernel takes,
-    which keep their packed values (their scales and biases become float32), and evaluate
-    it. 2-, 3-, 5- and 6-bit layers are repacked into 4 or 8 bits for it (runner/repack.py);
+    which keep their packed values (their scales and biases become float32; mxfp4 experts
+    keep their exponent bytes), and evaluate it. 2-, 3-, 5- and 6-bit layers are repacked into 4 or 8 bits for it (runner/repack.py);
     other quantized layers (other modes, group sizes) are dequantized. Returns the number
     of layers repacked."""
     import mlx.core as mx

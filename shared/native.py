@@ -33,6 +33,7 @@ ROW_KERNEL_FLAGS = ["-O3"]
 ATTEND_KERNEL_SOURCE = ROW_KERNEL_SOURCE.with_name("attend_kernel.c")
 QUANT_KERNEL_SOURCE = ROW_KERNEL_SOURCE.with_name("quant_kernel.c")
 QUANT_KERNEL_FLAGS = ["-O3", "-pthread"]
+MXFP4_KERNEL_SOURCE = ROW_KERNEL_SOURCE.with_name("mxfp4_kernel.c")
 
 
 def cpu_identity() -> list[str]:
@@ -122,6 +123,12 @@ def quant_kernel_library(cache_dir: Path) -> tuple[Path | None, str]:
         path, why = cached_library(QUANT_KERNEL_SOURCE, cache_dir,
                                    QUANT_KERNEL_FLAGS + ["-DMLXR_QUANT_GENERIC"])
     return path, why
+
+
+def mxfp4_kernel_library(cache_dir: Path) -> tuple[Path | None, str]:
+    """The mxfp4 product's library (runner/mxfp4_kernel.py), built if need be. It picks its
+    x86 variant at run time; elsewhere it is plain C."""
+    return cached_library(MXFP4_KERNEL_SOURCE, cache_dir, ["-O3"])
 
 
 def built_functions(build, cache_dir: Path | None, names: list[str],
