@@ -169,8 +169,8 @@ def _with_step(config: RunnerConfig, model, model_config: dict, tokenizer, visio
     """The rest of `load_model`: the host paths' probes, the model step and the embedder."""
     import mlx.core as mx
 
-    from mlxr.runner.embed.embeddings import LMEmbedder
     from mlxr.runner import mxfp4_kernel
+    from mlxr.runner.embed.embeddings import LMEmbedder
     from mlxr.runner.host_body import HostBody
     from mlxr.runner.model_step import ModelStep
     from mlxr.runner.weights import ON_KERNEL, float32_on_cpu

@@ -200,9 +200,9 @@ def kernel_extra_bytes(model) -> int:
 def widen_around_kernel(model) -> int:
     """Make every weight of `model` float32 except the quantized layers the kernel takes,
     which keep their packed values (their scales and biases become float32; mxfp4 experts
-    keep their exponent bytes), and evaluate it. 2-, 3-, 5- and 6-bit layers are repacked into 4 or 8 bits for it (runner/repack.py);
-    other quantized layers (other modes, group sizes) are dequantized. Returns the number
-    of layers repacked."""
+    keep their exponent bytes), and evaluate it. 2-, 3-, 5- and 6-bit layers are repacked
+    into 4 or 8 bits for it (runner/repack.py); other quantized layers (other modes, group
+    sizes) are dequantized. Returns the number of layers repacked."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_unflatten

@@ -119,7 +119,8 @@ class HarmonyParser:
                 header_end = self._buffer.find(MESSAGE, at) if at >= 0 else -1
                 if header_end < 0:
                     # keep from a start tag on (or what may begin one); drop the rest
-                    keep = at if at >= 0 else len(self._buffer) - _partial_suffix(self._buffer, START)
+                    keep = at if at >= 0 else \
+                        len(self._buffer) - _partial_suffix(self._buffer, START)
                     self._buffer = self._buffer[keep:]
                     break
                 self._open(self._buffer[at + len(START):header_end])

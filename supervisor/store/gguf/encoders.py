@@ -4,8 +4,8 @@ llama.cpp writes as "bert" with a SentencePiece tokenizer: bge-m3, snowflake-arc
 Nomic BERT ("nomic-bert": nomic-embed-text v1 and v1.5), as llama.cpp's converter lays them out.
 
 A converted directory is a sentence-transformers one: config.json, the weights under Hugging
-Face's names, a WordPiece or Unigram tokenizer.json (wordpiece.py, unigram.py), and modules.json with
-1_Pooling/config.json for the file's `{arch}.pooling_type` (pooling.py).
+Face's names, a WordPiece or Unigram tokenizer.json (wordpiece.py, unigram.py), and
+modules.json with 1_Pooling/config.json for the file's `{arch}.pooling_type` (pooling.py).
 
 Invariants:
 - `hf_tensor_name` and `gguf_tensor_name` are inverses on every weight; a tensor this module
