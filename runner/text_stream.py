@@ -94,16 +94,21 @@ def fast_decode(tokenizer, skip_special: bool) -> Decode:
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special)
 
 
-# The harmony format's structure (gpt-oss): its parser splits thinking, tool calls and the
-# answer on these. `<|return|>` and `<|call|>` end a reply (end-of-sequence ids), never text.
+# Chat formats whose structure is in special tokens the supervisor's parsers split output on:
+# harmony (gpt-oss: thinking, tool calls and the answer; `<|return|>` and `<|call|>` end a
+# reply, never text) and Gemma 4 (its thought channel, tool calls and their string marks).
 STRUCTURAL_TOKENS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>")
+GEMMA4_TOKENS = ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>')
 
 
 def structural_ids(tokenizer) -> set[int]:
-    """Ids of STRUCTURAL_TOKENS when the tokenizer speaks harmony (has them all), else none."""
+    """Ids of a format's structural tokens when the tokenizer has them all, else none."""
     vocab = getattr(getattr(tokenizer, "hf", None), "added_tokens_encoder", None) or {}
-    ids = {vocab.get(t) for t in STRUCTURAL_TOKENS}
-    return set() if None in ids else ids
+    for tokens in (STRUCTURAL_TOKENS, GEMMA4_TOKENS):
+        ids = {vocab.get(t) for t in tokens}
+        if None not in ids:
+            return ids
+    return set()
 
 
 def output_decode(tokenizer) -> Decode:

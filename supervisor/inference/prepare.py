@@ -19,7 +19,8 @@ from mlxr.supervisor.inference.options import check_options
 from mlxr.supervisor.inference.prompt import GoRenderer, Renderer, renderer_for
 from mlxr.supervisor.inference.truncate import fit_messages
 from mlxr.supervisor.inference.tool_calls import (ForcedCallParser, OutputParser, ThinkingParser,
-                                                  forced_call_schema, tool_parser_for)
+                                                  always_parses_thinking, forced_call_schema,
+                                                  tool_parser_for)
 from mlxr.supervisor.inference.types import ChatRequest, GenerateRequest
 
 
@@ -311,8 +312,8 @@ def output_parser(renderer: Renderer, prompt: str, think: bool | None,
             and not isinstance(tools, ForcedCallParser):
         return HarmonyParser(prompt, names)
     thinking = None
-    if think and renderer.thinking_tags:
-        thinking = ThinkingParser(renderer.thinking_tags,
+    if renderer.thinking_tags and (think or always_parses_thinking(renderer.thinking_tags)):
+        thinking = ThinkingParser(renderer.thinking_tags, keep=bool(think),
                                   in_thinking=_prompt_opens_thinking(renderer, prompt))
     return OutputParser(thinking, tools)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxr.shared.errors import InvalidRequest
+from mlxr.supervisor.inference import gemma4
 
 THINK_TAGS = ("<think>", "</think>")
 TOOL_TAGS = ("<tool_call>", "</tool_call>")
@@ -34,12 +35,18 @@ class ThinkingParser:
     output (after whitespace), as Ollama does; `in_thinking` is for prompts that already end
     with the opening tag. Whitespace right after either tag is dropped."""
 
-    def __init__(self, tags: tuple[str, str] = THINK_TAGS, in_thinking: bool = False):
+    def __init__(self, tags: tuple[str, str] = THINK_TAGS, in_thinking: bool = False,
+                 keep: bool = True):
         self.open, self.close = tags
         self._state = "think_ws" if in_thinking else "start"
         self._buf = ""
+        self._keep = keep  # False: a thinking block is read and dropped (thinking off)
 
     def feed(self, text: str) -> tuple[str, str]:
+        thinking, content = self._feed(text)
+        return (thinking if self._keep else ""), content
+
+    def _feed(self, text: str) -> tuple[str, str]:
         self._buf += text
         thinking, content = "", ""
         while self._buf:
@@ -72,7 +79,7 @@ class ThinkingParser:
     def finish(self) -> tuple[str, str]:
         buf, self._buf = self._buf, ""
         if self._state == "thinking":
-            return buf, ""
+            return (buf if self._keep else ""), ""
         if self._state in ("start", "content"):
             return "", buf
         return "", ""
@@ -106,11 +113,13 @@ def parse_tool_call(body: str, index: int = 0) -> dict[str, Any] | None:
 
 
 class ToolCallParser:
-    """Pulls `<tool_call>{json}</tool_call>` blocks (Qwen, Hermes style) out of content.
-    A block that does not parse is passed through as content, tags and all."""
+    """Pulls `<tool_call>{json}</tool_call>` blocks (Qwen, Hermes style; `parse` reads another
+    body, as Gemma 4's) out of content. A block that does not parse is passed through as
+    content, tags and all."""
 
-    def __init__(self, tags: tuple[str, str] = TOOL_TAGS):
+    def __init__(self, tags: tuple[str, str] = TOOL_TAGS, parse=None):
         self.open, self.close = tags
+        self._parse = parse or parse_tool_call
         self._buf = ""
         self._inside = False
         self._count = 0
@@ -133,7 +142,7 @@ class ToolCallParser:
                 break
             block = self._buf[:idx + len(self.close)]
             self._buf, self._inside = self._buf[idx + len(self.close):], False
-            call = parse_tool_call(block[len(self.open):-len(self.close)], self._count)
+            call = self._parse(block[len(self.open):-len(self.close)], self._count)
             if call is None:
                 content.append(block)
             else:
@@ -149,7 +158,7 @@ class ToolCallParser:
         buf, self._buf = self._buf, ""
         if self._inside:
             self._inside = False
-            call = parse_tool_call(buf[len(self.open):], self._count)
+            call = self._parse(buf[len(self.open):], self._count)
             if call is not None:
                 self._count += 1
                 return "", [call]
@@ -195,14 +204,33 @@ class JsonToolCallParser:
 
 def tool_parser_for(template_text: str):
     """The tool-call parser matching how a template asks the model to call tools."""
+    if gemma4.is_gemma4(template_text):
+        return ToolCallParser(gemma4.TOOL_TAGS, parse_gemma4_call)
     if TOOL_TAGS[0] in template_text:
         return ToolCallParser(TOOL_TAGS)
     return JsonToolCallParser()
 
 
+def parse_gemma4_call(body: str, index: int = 0) -> dict[str, Any] | None:
+    """A Gemma 4 call block's body (`call:NAME{...}`) as an Ollama tool call, or None."""
+    parsed = gemma4.parse_call(body)
+    if parsed is None:
+        return None
+    name, args = parsed
+    return {"id": tool_call_id(), "function": {"index": index, "name": name, "arguments": args}}
+
+
 def thinking_tags_for(template_text: str) -> tuple[str, str] | None:
+    if gemma4.is_gemma4(template_text):
+        return gemma4.THINK_TAGS
     return THINK_TAGS if THINK_TAGS[0] in template_text and THINK_TAGS[1] in template_text \
         else None
+
+
+def always_parses_thinking(tags: tuple[str, str] | None) -> bool:
+    """Whether output may hold a thinking block even with thinking off (Gemma 4 writes an
+    empty one), so it is read, and dropped, then too."""
+    return tags == gemma4.THINK_TAGS
 
 
 class OutputParser:

@@ -103,7 +103,8 @@ def capabilities_for(config: Mapping[str, Any], template: str | None,
     text = template or ""
     if "tools" in text.lower():  # Jinja `tools`, Go template `.Tools`
         caps.append("tools")
-    if "<think>" in text or ".Think" in text or "<|channel|>" in text:  # harmony: analysis
+    # harmony's analysis channel; Gemma 4's thought channel
+    if "<think>" in text or ".Think" in text or "<|channel|>" in text or "<|channel>" in text:
         caps.append("thinking")
     if vision_family(config):
         caps.append("vision")

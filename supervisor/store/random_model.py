@@ -1,7 +1,7 @@
 """Random-weight test models: qwen3 with the real Qwen3 tokenizer (presets tiny, small, medium,
 qwen3-0.6b), and one small model of every architecture we serve with a 2,048-token tokenizer
 (the preset named after the architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3,
-granite, qwen3_moe, gpt_oss), and the vision presets qwen2.5-vl, qwen2-vl and gemma3-vision
+granite, qwen3_moe, gpt_oss, gemma4, and gemma4-moe), and the vision presets qwen2.5-vl, qwen2-vl and gemma3-vision
 (supervisor/store/random_vision.py).
 
 Invariants:
@@ -40,9 +40,9 @@ EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
 SMALL_VOCAB = 2048
 DTYPES = ("float32", "bfloat16")
 ARCH_NAMES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite",
-              "qwen3_moe", "gpt_oss")
+              "qwen3_moe", "gpt_oss", "gemma4")
 TOKENIZER_KIND = {"llama": "bpe", "qwen2": "bpe", "qwen3": "bpe", "granite": "bpe",
-                  "qwen3_moe": "bpe", "gpt_oss": "harmony",
+                  "qwen3_moe": "bpe", "gpt_oss": "harmony", "gemma4": "gemma4",
                   "mistral": "spm", "gemma2": "spm", "gemma3": "spm", "phi3": "spm"}
 
 
@@ -111,6 +111,15 @@ PRESETS: dict[str, Preset] = {
     "gpt_oss": _arch("gpt_oss", False, layers=4, heads=8,
                      note=", 8 experts (2 a token) a layer, attention sinks, sliding window 64",
                      experts=8),
+    # Gemma 4's small models (E2B, E4B) with the larger ones' keys-are-values global layers:
+    # 6 layers, sliding (window 64, heads of 64) and global (heads of 128, a quarter rotated,
+    # one projection for keys and values) as s, s, g, s, s, g; the last 3 reuse the keys and
+    # values of layers 1 and 2, with MLPs twice as wide; per-layer token embeddings of 64.
+    "gemma4": _arch("gemma4", True, layers=6,
+                    note=", per-layer embeddings, 3 KV-sharing layers, sliding window 64"),
+    # Gemma 4's mixture (26B-A4B): each layer's MLP beside 8 experts (2 a token).
+    "gemma4-moe": _arch("gemma4", True, layers=6, experts=8,
+                        note=", an MLP and 8 experts (2 a token) a layer, sliding window 64"),
     # A vision model (supervisor/store/random_vision.py writes it; these fields describe its
     # language part).
     "qwen2.5-vl": Preset(128, 2, 4, 2, 32, 256, False,
@@ -202,6 +211,18 @@ ARCH_SETTINGS: dict[str, dict[str, Any]] = {
                 "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
                                  "beta_slow": 1.0, "original_max_position_embeddings": 4096},
                 "sliding_window": 64, "swiglu_limit": 7.0, "attention_bias": True},
+    "gemma4": {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+               "rms_norm_eps": 1e-6, "max_position_embeddings": 131072,
+               "hidden_activation": "gelu_pytorch_tanh", "global_head_dim": 128,
+               "num_global_key_value_heads": 1, "attention_k_eq_v": True,
+               "num_kv_shared_layers": 3, "hidden_size_per_layer_input": 64,
+               "use_double_wide_mlp": True, "sliding_window": 64,
+               "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
+               "final_logit_softcapping": 30.0,
+               "rope_parameters": {
+                   "full_attention": {"rope_type": "proportional", "rope_theta": 1000000.0,
+                                      "partial_rotary_factor": 0.25},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     "granite": {"architectures": ["GraniteForCausalLM"], "rope_theta": 10000.0,
                 "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
                 "attention_multiplier": 0.015625, "embedding_multiplier": 12.0,
@@ -214,6 +235,14 @@ def arch_config(preset: Preset, tokenizer, dtype: str) -> dict:
     """config.json of an architecture preset, for its small tokenizer."""
     moe = {"num_experts": preset.experts, "num_experts_per_tok": preset.experts_used,
            "moe_intermediate_size": preset.expert_intermediate} if preset.experts else {}
+    if preset.arch == "gemma4":
+        moe = {"vocab_size_per_layer_input": preset.vocab, "enable_moe_block": False}
+        if preset.experts:  # the mixture has neither per-layer embeddings nor shared KV
+            moe = {"enable_moe_block": True, "num_experts": preset.experts,
+                   "top_k_experts": preset.experts_used,
+                   "moe_intermediate_size": preset.expert_intermediate,
+                   "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
+                   "use_double_wide_mlp": False}
     if preset.arch == "gpt_oss":  # every layer a mixture; `intermediate_size` is an expert's
         moe = {"num_local_experts": preset.experts, "num_experts_per_tok": preset.experts_used,
                "intermediate_size": preset.expert_intermediate,
@@ -282,6 +311,8 @@ _EMBED, _MATRIX, _BIAS, _NORM, _SINK = "embed", "matrix", "bias", "norm", "sink"
 
 def tensor_plan(p: Preset) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape, kind) of every weight of an architecture preset, in creation order."""
+    if p.arch == "gemma4":
+        return _gemma4_plan(p)
     plan = [("model.embed_tokens.weight", (p.vocab, p.hidden), _EMBED)]
     for i in range(p.layers):
         plan += [(f"model.layers.{i}.{name}", shape, kind) for name, shape, kind in _layer(p)]
@@ -333,6 +364,68 @@ def _layer(p: Preset) -> list[tuple[str, tuple[int, ...], str]]:
     if p.arch.startswith("gemma"):  # Gemma's norms around both sublayers
         norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
     return out + [(f"{name}.weight", (h,), _NORM) for name in norms]
+
+
+def _gemma4_plan(p: Preset) -> list[tuple[str, tuple[int, ...], str]]:
+    c = {**ARCH_SETTINGS["gemma4"], **arch_config(p, _NO_TOKENIZER, "float32")}
+    h, layers = p.hidden, p.layers
+    ple = int(c["hidden_size_per_layer_input"])
+    first_shared = layers - int(c["num_kv_shared_layers"])
+    plan = [("model.embed_tokens.weight", (p.vocab, h), _EMBED)]
+    if ple:
+        plan += [("model.embed_tokens_per_layer.weight", (p.vocab, layers * ple), _EMBED),
+                 ("model.per_layer_model_projection.weight", (layers * ple, h), _MATRIX),
+                 ("model.per_layer_projection_norm.weight", (ple,), _NORM)]
+    for i, kind in enumerate(c["layer_types"]):
+        full = kind == "full_attention"
+        hd = int(c["global_head_dim"]) if full else p.head_dim
+        kv = int(c["num_global_key_value_heads"]) if full and c["attention_k_eq_v"] \
+            else p.kv_heads
+        ff = p.intermediate * (2 if c["use_double_wide_mlp"] and i >= first_shared else 1)
+        x = f"model.layers.{i}."
+        out = [(x + "self_attn.q_proj.weight", (p.heads * hd, h), _MATRIX)]
+        if i < first_shared:
+            out.append((x + "self_attn.k_proj.weight", (kv * hd, h), _MATRIX))
+            if not (full and c["attention_k_eq_v"]):
+                out.append((x + "self_attn.v_proj.weight", (kv * hd, h), _MATRIX))
+            out.append((x + "self_attn.k_norm.weight", (hd,), _NORM))
+        out += [(x + "self_attn.o_proj.weight", (h, p.heads * hd), _MATRIX),
+                (x + "self_attn.q_norm.weight", (hd,), _NORM),
+                (x + "mlp.gate_proj.weight", (ff, h), _MATRIX),
+                (x + "mlp.up_proj.weight", (ff, h), _MATRIX),
+                (x + "mlp.down_proj.weight", (h, ff), _MATRIX)]
+        if p.experts:
+            e, eff = p.experts, p.expert_intermediate
+            out += [(x + "router.proj.weight", (e, h), _MATRIX),
+                    (x + "router.scale", (h,), _NORM),
+                    (x + "router.per_expert_scale", (e,), _NORM),
+                    (x + "experts.switch_glu.gate_proj.weight", (e, eff, h), _MATRIX),
+                    (x + "experts.switch_glu.up_proj.weight", (e, eff, h), _MATRIX),
+                    (x + "experts.switch_glu.down_proj.weight", (e, h, eff), _MATRIX)]
+            out += [(x + f"{n}.weight", (h,), _NORM) for n in (
+                "pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
+                "post_feedforward_layernorm_2")]
+        if ple:
+            out += [(x + "per_layer_input_gate.weight", (ple, h), _MATRIX),
+                    (x + "per_layer_projection.weight", (h, ple), _MATRIX),
+                    (x + "post_per_layer_input_norm.weight", (h,), _NORM)]
+        out += [(x + f"{n}.weight", (h,), _NORM) for n in (
+            "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+            "post_feedforward_layernorm")]
+        out.append((x + "layer_scalar", (1,), _NORM))
+        plan += out
+    plan.append(("model.norm.weight", (h,), _NORM))
+    return plan
+
+
+@dataclass(frozen=True)
+class _Ids:  # arch_config's tokenizer fields, where only the shapes matter
+    bos_id: int | None = None
+    eos_ids: tuple[int, ...] = ()
+    pad_id: int | None = None
+
+
+_NO_TOKENIZER = _Ids()
 
 
 _DRAW: dict[str, Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]] = {

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from mlxr.shared.assets import QWEN3_DIR
 from mlxr.supervisor.store.gguf.tokenizer import (
+    GEMMA4_SPLIT,
     SPACE,
     added_token,
     bpe_model,
@@ -35,7 +36,7 @@ from mlxr.supervisor.store.gguf.tokenizer import (
     template_post_processor,
 )
 
-KINDS = ("bpe", "spm", "harmony")
+KINDS = ("bpe", "spm", "harmony", "gemma4")
 QWEN3_NUM_TOKENS = 151643  # its BPE vocab; the added tokens follow
 MODEL_MAX_LENGTH = 32768
 BPE_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -44,6 +45,13 @@ HARMONY_SPECIALS = ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constra
                     "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>")
 HARMONY_TEMPLATE = "harmony_template.jinja"
 SPM_CONTROLS = ("<unk>", "<s>", "</s>")
+# Gemma 4's: SentencePiece-style BPE with its controls at Gemma's ids, split at newlines, no
+# space prepended; its chat format lives in these tokens (gemma4_template.jinja).
+GEMMA4_CONTROLS = ("<pad>", "<eos>", "<bos>", "<unk>")
+GEMMA4_SPECIALS = ("<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>", "<|tool>",
+                   "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                   "<tool_response|>", '<|"|>')
+GEMMA4_TEMPLATE = "gemma4_template.jinja"
 SPM_CHAT_SPECIALS = ("<|im_start|>", "<|im_end|>")
 _JSON_STRING = r'"(?:[^"\\]|\\.)*"'
 _VOCAB_ENTRY = re.compile(rf"({_JSON_STRING})\s*:\s*(\d+)")
@@ -64,7 +72,8 @@ def write_small_tokenizer(dest: Path, kind: str, vocab_size: int = 2048) -> Smal
     format for "harmony") into `dest`."""
     if kind not in KINDS:
         raise ValueError(f"unknown small tokenizer kind {kind!r} (expected one of {KINDS})")
-    build = {"bpe": _bpe_files, "spm": _spm_files, "harmony": _harmony_files}[kind]
+    build = {"bpe": _bpe_files, "spm": _spm_files, "harmony": _harmony_files,
+             "gemma4": _gemma4_files}[kind]
     tokenizer_json, config, info = build(vocab_size)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "tokenizer.json").write_bytes(_dump(tokenizer_json))
@@ -218,6 +227,37 @@ def _spm_files(vocab_size: int) -> tuple[dict, dict, SmallTokenizer]:
         pad_id=None,
     )
     config = _tokenizer_config(specials, bos="<s>", eos="</s>", pad=None, unk="<unk>", add_bos=True)
+    return tokenizer_json, config, info
+
+
+def _gemma4_files(vocab_size: int) -> tuple[dict, dict, SmallTokenizer]:
+    num_fixed = len(GEMMA4_CONTROLS) + 256 + len(GEMMA4_SPECIALS)
+    fixed = [*GEMMA4_CONTROLS, *(f"<0x{b:02X}>" for b in range(256))]
+    pieces = _spm_pieces(vocab_size - num_fixed, taken=set(fixed) | set(GEMMA4_SPECIALS))
+    tokens = [*fixed, *pieces, *GEMMA4_SPECIALS]
+    vocab = {token: i for i, token in enumerate(tokens)}
+    model = bpe_model(vocab, sentencepiece_merges(pieces), ignore_merges=True)
+    model.update(unk_token="<unk>", fuse_unk=True, byte_fallback=True)
+    specials = (*GEMMA4_CONTROLS, *GEMMA4_SPECIALS)
+    tokenizer_json = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [added_token(vocab[name], name) for name in specials],
+        "normalizer": spm_normalizer(add_space_prefix=False),
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": GEMMA4_SPLIT},
+                          "behavior": "Isolated", "invert": False},
+        "post_processor": template_post_processor(bos=("<bos>", vocab["<bos>"]), eos=None),
+        "decoder": spm_decoder(add_space_prefix=False),
+        "model": model,
+    }
+    # a reply ends at <turn|>, or at <|tool_response> after its calls
+    info = SmallTokenizer(kind="gemma4", vocab_size=vocab_size, bos_id=vocab["<bos>"],
+                          eos_ids=(vocab["<eos>"], vocab["<turn|>"], vocab["<|tool_response>"]),
+                          pad_id=vocab["<pad>"])
+    config = _tokenizer_config(specials, bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>",
+                               add_bos=True)
+    config["chat_template"] = (Path(__file__).parent / GEMMA4_TEMPLATE).read_text()
     return tokenizer_json, config, info
 
 

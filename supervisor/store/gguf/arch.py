@@ -5,7 +5,8 @@ Supported (GGUF `general.architecture` -> mlx_lm `model_type`): llama -> llama (
 and Mistral 7B / Nemo, whose GGUFs say "llama"), qwen2, qwen3, gemma2, gemma3 -> gemma3_text
 (text only: a multimodal file's vision tower is left out), phi3, granite, and qwen3moe ->
 qwen3_moe (Qwen3's mixtures of experts: each layer's experts are one 3-D tensor a projection,
-as mlx_lm's `switch_mlp` holds them).
+as mlx_lm's `switch_mlp` holds them), gpt-oss -> gpt_oss, and gemma4 -> gemma4_text (text only;
+its per-layer settings are gemma4.py's).
 
 Invariants:
 - `hf_tensor_name` and `gguf_tensor_name` are inverses on every tensor mlx_lm loads; a GGUF
@@ -32,6 +33,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from mlxr.shared.errors import InvalidRequest, UnsupportedModel
+
+from . import gemma4
 
 
 class UnsupportedArchitecture(UnsupportedModel):
@@ -85,6 +88,9 @@ class ArchSpec:
     head_dim_derived: bool = False  # mlx_lm computes hidden // heads and reads no head_dim
     skip_prefixes: tuple[str, ...] = ()  # tensors of other modalities, left out
     aliases: tuple[str, ...] = ()  # other model_types written as this architecture
+    globals: dict[str, str] = field(default_factory=dict)  # beyond _GLOBAL: GGUF stem -> HF
+    scales: dict[tuple[str, str], str] = field(default_factory=dict)  # (stem, kind) -> HF
+    bare: tuple[str, ...] = _BARE  # HF parameters with no `.weight`
     block_inverse: dict[str, str] = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -108,15 +114,18 @@ SPECS: dict[str, ArchSpec] = {s.gguf: s for s in (
     # (written last: the name a gpt_oss config is written under).
     ArchSpec("gptoss", "gpt_oss", "GptOssForCausalLM", _GPT_OSS_BLOCK),
     ArchSpec("gpt-oss", "gpt_oss", "GptOssForCausalLM", _GPT_OSS_BLOCK),
+    ArchSpec(gemma4.ARCH, gemma4.MODEL_TYPE, gemma4.HF_CLASS, gemma4.BLOCK,
+             skip_prefixes=gemma4.SKIP_PREFIXES, globals=gemma4.GLOBALS, scales=gemma4.SCALES,
+             bare=gemma4.BARE),
 )}
 ARCHITECTURES: tuple[str, ...] = tuple(SPECS)
 _BY_MODEL_TYPE = {t: s for s in SPECS.values() for t in (s.model_type, *s.aliases)}
 
-_GGUF_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_GGUF_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias|scale)")
 _GGUF_GLOBAL = re.compile(r"(\w+)\.(weight|bias)")
 _HF_BLOCK = re.compile(r"model\.layers\.(\d+)\.([\w.]+)\.(weight|bias)")
-_HF_BARE = re.compile(r"model\.layers\.(\d+)\.(self_attn\.sinks)")
-_HF_GLOBAL = re.compile(r"(model\.embed_tokens|model\.norm|lm_head)\.(weight|bias)")
+_HF_BARE = re.compile(r"model\.layers\.(\d+)\.([\w.]+)")
+_HF_GLOBAL = re.compile(r"(model\.[\w.]+|lm_head)\.(weight|bias)")
 _HF_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp)\.experts\.(\d+)\.(\w+_proj)\.weight")
 _HF_QK = re.compile(r"model\.layers\.\d+\.self_attn\.([qk])_proj\.(weight|bias|scales|biases)")
 
@@ -149,26 +158,34 @@ def hf_tensor_name(arch: str, gguf_name: str) -> str | None:
         layer, stem, kind = m.groups()
         if stem == "attn_rot_embd":  # old files: a precomputed rope table, never used
             return None
-        if stem in s.block:
+        if (stem, kind) in s.scales:
+            return f"model.layers.{layer}.{s.scales[stem, kind]}"
+        if stem in s.block and kind != "scale":
             name = f"model.layers.{layer}.{s.block[stem]}"
-            return name if name.endswith(_BARE) and kind == "weight" else f"{name}.{kind}"
-    elif (m := _GGUF_GLOBAL.fullmatch(gguf_name)) and m.group(1) in _GLOBAL:
-        return f"{_GLOBAL[m.group(1)]}.{m.group(2)}"
+            return name if name.endswith(s.bare) and kind == "weight" else f"{name}.{kind}"
+    elif (m := _GGUF_GLOBAL.fullmatch(gguf_name)) and (hf := {**_GLOBAL, **s.globals}.get(
+            m.group(1))):
+        return f"{hf}.{m.group(2)}"
     raise UnsupportedArchitecture(f'tensor "{gguf_name}" of a {arch} GGUF is not supported')
 
 
 def gguf_tensor_name(arch: str, hf_name: str) -> str:
     """The GGUF name llama.cpp's converter gives an mlx_lm weight."""
     s = spec(arch)
-    if (m := _HF_BARE.fullmatch(hf_name)) and m.group(2) in s.block_inverse:
-        return f"blk.{m.group(1)}.{s.block_inverse[m.group(2)]}.weight"
+    if (m := _HF_BARE.fullmatch(hf_name)) and hf_name.endswith(s.bare):
+        scale = next((key for key, v in s.scales.items() if v == m.group(2)), None)
+        if scale is not None:
+            return f"blk.{m.group(1)}.{scale[0]}.{scale[1]}"
+        if m.group(2) in s.block_inverse:
+            return f"blk.{m.group(1)}.{s.block_inverse[m.group(2)]}.weight"
     if m := _HF_BLOCK.fullmatch(hf_name):
         layer, stem, kind = m.groups()
         if stem in s.block_inverse:
             return f"blk.{layer}.{s.block_inverse[stem]}.{kind}"
     elif m := _HF_GLOBAL.fullmatch(hf_name):
-        stem = next(k for k, v in _GLOBAL.items() if v == m.group(1))
-        return f"{stem}.{m.group(2)}"
+        stem = next((k for k, v in {**_GLOBAL, **s.globals}.items() if v == m.group(1)), None)
+        if stem is not None:
+            return f"{stem}.{m.group(2)}"
     raise UnsupportedArchitecture(f'weight "{hf_name}" has no GGUF name for {arch}')
 
 
@@ -318,6 +335,8 @@ def hf_config(kv: Mapping[str, Any], *, vocab_size: int, tied: bool,
     p = _Kv(kv, s.gguf)
     heads = int(p.scalar("attention.head_count"))
     hidden = int(p.scalar("embedding_length"))
+    if s.gguf == gemma4.ARCH:  # per-layer widths and head counts, two head sizes
+        return _gemma4(p, heads, hidden, vocab_size, tied, rope, set(tensor_names or ()))
     head_dim = int(p.get("attention.key_length") or p.get("attention.head_dim") or hidden // heads)
     if int(p.get("attention.value_length", head_dim)) != head_dim:
         raise UnsupportedArchitecture(f"{arch} with different key and value head sizes")
@@ -347,6 +366,19 @@ def hf_config(kv: Mapping[str, Any], *, vocab_size: int, tied: bool,
     names = set(tensor_names or ())
     _EXTRA[s.gguf](config, p, rope, names)
     return config
+
+
+def _gemma4(p: _Kv, heads: int, hidden: int, vocab_size: int, tied: bool,
+            rope: Mapping[str, np.ndarray], names: set[str]) -> dict[str, Any]:
+    base = {"hidden_size": hidden, "num_hidden_layers": int(p.scalar("block_count")),
+            "num_attention_heads": heads,
+            "rms_norm_eps": float(p.scalar("attention.layer_norm_rms_epsilon", 1e-6)),
+            "max_position_embeddings": int(p.scalar("context_length", 131072)),
+            "vocab_size": int(vocab_size), "tie_word_embeddings": bool(tied)}
+    try:
+        return gemma4.hf_config(p, base, rope, names)
+    except gemma4.Gemma4Error as exc:
+        raise UnsupportedArchitecture(str(exc)) from None
 
 
 # Where a file leaves a setting out (Ollama's multimodal gemma3 files write neither), the
@@ -518,6 +550,8 @@ def _gpt_oss(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[st
 def split_rows(arch: str, hf_name: str, config: Mapping[str, Any]) -> list[tuple[str, int]] | None:
     """A fused tensor mlx_lm holds as several: [(name, rows), ...] in row order (gpt-oss's
     `attn_qkv` -> q, k, v projections); None for every other tensor."""
+    if spec(arch).model_type == gemma4.MODEL_TYPE:
+        return gemma4.split_gate_up(hf_name, config)
     if spec(arch).model_type != "gpt_oss" or ".self_attn.qkv_proj." not in hf_name:
         return None
     kind = hf_name.rsplit(".", 1)[1]
@@ -557,13 +591,18 @@ def gguf_metadata(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     }
     if not s.head_dim_derived:
         kv[f"{a}.attention.key_length"] = kv[f"{a}.attention.value_length"] = head_dim
-    _WRITE_EXTRA[a](kv, a, config, head_dim)
+    if a == gemma4.ARCH:
+        gemma4.gguf_metadata(kv, a, config)
+    else:
+        _WRITE_EXTRA[a](kv, a, config, head_dim)
     return a, kv
 
 
 def gguf_extra_tensors(config: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The float32 tensors llama.cpp's converter adds for rope settings: `rope_freqs` for
     Llama 3 scaling, `rope_factors_long/short` for Phi-3's LongRoPE."""
+    if config.get("model_type") == gemma4.MODEL_TYPE:
+        return {"rope_freqs.weight": gemma4.rope_freqs(config)}
     scaling = config.get("rope_scaling") or {}
     kind = scaling.get("rope_type") or scaling.get("type")
     if kind == "llama3":

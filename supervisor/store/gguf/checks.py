@@ -29,11 +29,14 @@ _HPARAMS = {"block_count": "num_hidden_layers", "embedding_length": "hidden_size
             "attention.head_count_kv": "num_key_value_heads",
             "attention.key_length": "head_dim", "attention.value_length": "head_dim",
             "attention.head_dim": "head_dim",
+            "attention.key_length_swa": "head_dim", "attention.value_length_swa": "head_dim",
             "context_length": "max_position_embeddings", "vocab_size": "vocab_size",
             "expert_feed_forward_length": "moe_intermediate_size",
             "expert_count": "num_experts", "expert_used_count": "num_experts_per_tok"}
 # Other integers, and their ranges (a sliding window of 0 is none):
-_COUNTS = {"rope.dimension_count": (1, 1 << 14),
+_COUNTS = {"rope.dimension_count": (1, 1 << 14), "rope.dimension_count_swa": (1, 1 << 14),
+           "attention.shared_kv_layers": (0, 1 << 12),
+           "embedding_length_per_layer_input": (0, 1 << 18),
            "rope.scaling.original_context_length": (1, 1 << 26),
            "attention.sliding_window": (0, 1 << 26),
            "attention.sliding_window_pattern": (1, 1 << 12),
@@ -48,8 +51,9 @@ _NUMBERS = (*_POSITIVE, "expert_weights_scale", "rope.global.freq_base", "rope.f
             "attention.scale", "embedding_scale",
             "residual_scale", "logit_scale", "attn_logit_softcapping", "final_logit_softcapping")
 _STRINGS = ("rope.scaling.type",)
-# Those a file may give per layer (hf_config takes a list whose values all agree; Ollama writes
-# gemma3's sliding window pattern as one bool per layer).
+# Those a file may give per layer (hf_config takes a list whose values all agree, but gemma4's,
+# which vary by kind of layer; gemma4 and Ollama's gemma3 give the sliding window pattern as one
+# bool a layer).
 _PER_LAYER = ("feed_forward_length", "attention.head_count", "attention.head_count_kv",
               "attention.layer_norm_rms_epsilon", "attention.sliding_window_pattern")
 MAX_TOKEN_CHARS = 4096  # a vocabulary entry (real ones are at most a few hundred)

@@ -276,16 +276,19 @@ def _arrays(out, hf: str, order: np.ndarray | None, offset: float, dtype) -> dic
 
 def _split(arrays: dict[str, Any], hf: str, parts: list[tuple[str, int]]) -> dict[str, Any]:
     """A fused tensor's arrays (weight, or weight/scales/biases; or a bias) cut by rows into
-    the tensors mlx_lm holds: rows stay whole, so quantized groups do too."""
+    the tensors mlx_lm holds: rows stay whole, so quantized groups do too. Rows are the
+    second-last axis (a mixture's experts are (experts, rows, columns)); a bias's, its only."""
     stem = hf.rsplit(".", 1)[0]
     out = {}
     for key, value in arrays.items():
+        axis = max(value.ndim - 2, 0)
         start = 0
         for name, rows in parts:
-            out[key.replace(stem, name.rsplit(".", 1)[0], 1)] = value[start:start + rows]
+            index = (slice(None),) * axis + (slice(start, start + rows),)
+            out[key.replace(stem, name.rsplit(".", 1)[0], 1)] = value[index]
             start += rows
-        if start != value.shape[0]:
-            raise InvalidModelFile(f"{hf}: {value.shape[0]} rows where its parts need {start}")
+        if start != value.shape[axis]:
+            raise InvalidModelFile(f"{hf}: {value.shape[axis]} rows where its parts need {start}")
     return out
 
 

@@ -73,7 +73,10 @@ SPECIAL_ID_KEYS = {
 # --- GGUF -> Hugging Face -----------------------------------------------------------------------
 
 
-KINDS = ("gpt2", "llama")  # byte-level BPE, SentencePiece
+KINDS = ("gpt2", "llama", "gemma4")  # byte-level BPE, SentencePiece, Gemma 4's BPE
+GEMMA4 = "gemma4"  # llama.cpp's tokenizer model, and Ollama's pre-tokenizer for it
+# Gemma 4's BPE splits text only at newlines (a run of them is one word).
+GEMMA4_SPLIT = "[^\n]+|[\n]+"
 
 
 def check_tokenizer(kv: Mapping[str, Any]) -> str:
@@ -81,15 +84,25 @@ def check_tokenizer(kv: Mapping[str, Any]) -> str:
     kind = kv.get(K.MODEL)
     if kind not in KINDS:
         raise UnsupportedTokenizer(f'unsupported GGUF tokenizer "{kind}"; mlxr reads the '
-                                   'BPE ("gpt2") and SentencePiece ("llama") kinds')
+                                   'BPE ("gpt2"), SentencePiece ("llama") and Gemma 4 '
+                                   '("gemma4") kinds')
     return kind
+
+
+def is_gemma4(kv: Mapping[str, Any]) -> bool:
+    """Gemma 4's tokenizer: llama.cpp's files name the model "gemma4", Ollama's "llama" with
+    pre-tokenizer "gemma4"."""
+    return kv.get(K.MODEL) == GEMMA4 or (kv.get(K.MODEL) == "llama" and kv.get(K.PRE) == GEMMA4)
 
 
 def hf_tokenizer_files(kv: Mapping[str, Any]) -> dict[str, bytes]:
     """{"tokenizer.json": ..., "tokenizer_config.json": ...} from GGUF metadata values."""
     kind = check_tokenizer(kv)
     vocab = _Vocab.read(kv)
-    build = _byte_level_tokenizer if kind == "gpt2" else _sentencepiece_tokenizer
+    if is_gemma4(kv):
+        build = _gemma4_tokenizer
+    else:
+        build = _byte_level_tokenizer if kind == "gpt2" else _sentencepiece_tokenizer
     return {
         "tokenizer.json": _dump(build(kv, vocab)),
         "tokenizer_config.json": _dump(_tokenizer_config(kv, vocab)),
@@ -192,6 +205,29 @@ def _sentencepiece_tokenizer(kv: Mapping[str, Any], vocab: _Vocab) -> dict:
         pre_tokenizer=None,
         post_processor=_post_processor(kv, vocab),
         decoder=spm_decoder(add_space_prefix),
+        model=model,
+    )
+
+
+def _gemma4_tokenizer(kv: Mapping[str, Any], vocab: _Vocab) -> dict:
+    """Gemma 4's BPE (what llama.cpp does for it): spaces are "▁" and no space is prepended;
+    the text is split only at newlines; each piece is merged by the file's merges over raw
+    UTF-8, a piece the vocabulary holds whole staying whole (a run of newlines); what no token
+    covers falls back to <0xHH> bytes."""
+    merges = _given_merges(kv)
+    if merges is None:
+        raise UnsupportedTokenizer("Gemma 4 GGUF tokenizer without tokenizer.ggml.merges")
+    model = _bpe_model(vocab, merges, ignore_merges=True)
+    unk = vocab.token(kv, K.UNK_ID)
+    model.update(unk_token=unk[0] if unk else None, fuse_unk=True, byte_fallback=True)
+    split = {"type": "Split", "pattern": {"Regex": GEMMA4_SPLIT}, "behavior": "Isolated",
+             "invert": False}
+    return _tokenizer_json(
+        vocab,
+        normalizer=spm_normalizer(add_space_prefix=False),
+        pre_tokenizer=split,
+        post_processor=_post_processor(kv, vocab),
+        decoder=spm_decoder(add_space_prefix=False),
         model=model,
     )
 
@@ -305,7 +341,7 @@ def _post_processor(kv: Mapping[str, Any], vocab: _Vocab) -> dict | None:
 
 def _adds_bos(kv: Mapping[str, Any]) -> bool:
     """The file's flag; if absent, llama.cpp's default: on for SentencePiece and Llama 3."""
-    default = kv.get(K.MODEL) == "llama" or kv.get(K.PRE) in WHOLE_WORD_PRES
+    default = kv.get(K.MODEL) in ("llama", GEMMA4) or kv.get(K.PRE) in WHOLE_WORD_PRES
     return bool(kv.get(K.ADD_BOS, default)) and kv.get(K.BOS_ID) is not None
 
 
@@ -386,18 +422,19 @@ def gguf_tokenizer_fields(model_dir: Path, *, spm_merges: bool = False) -> dict[
     if model.get("type") != "BPE":
         raise UnsupportedTokenizer(f'unsupported tokenizer model "{model.get("type")}" for GGUF')
     kind = "llama" if model.get("byte_fallback") else "gpt2"
+    gemma4 = model_config.get("model_type") == "gemma4_text"
     tokens, types = _gguf_vocab(tokenizer, kind, model_config.get("vocab_size"))
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", ())]
     fields: dict[str, Any] = {
-        K.MODEL: kind,
-        K.PRE: _pre_name(tokenizer) if kind == "gpt2" else "default",
+        K.MODEL: GEMMA4 if gemma4 else kind,
+        K.PRE: _pre_name(tokenizer) if kind == "gpt2" else (GEMMA4 if gemma4 else "default"),
         K.LIST: tokens,
         K.TOKEN_TYPE: types,
     }
     if kind == "llama":
         fields[K.SCORES] = _merge_rank_scores(tokens, types, merges)
         fields[K.ADD_PREFIX] = _adds_space_prefix(tokenizer)
-    if kind == "gpt2" or spm_merges:
+    if kind == "gpt2" or spm_merges or gemma4:  # (llama.cpp's gemma4 files hold merges)
         fields[K.MERGES] = merges
     fields.update(_gguf_special_ids(tokens, config, model_config))
     fields.update(_gguf_add_flags(tokenizer, config))
