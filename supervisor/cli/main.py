@@ -245,8 +245,8 @@ def push(name, insecure) -> None:
 @click.option("--random", "preset", metavar="PRESET|ARCH",
               help="Build a random-weight test model: a size (tiny, small, medium, "
                    "qwen3-0.6b: qwen3), an architecture (llama, mistral, qwen2, qwen3, "
-                   "gemma2, gemma3, phi3, granite, qwen3_moe) or a vision model (qwen2.5-vl, "
-                   "qwen2-vl, gemma3-vision)")
+                   "gemma2, gemma3, phi3, granite, qwen3_moe, gpt_oss, gemma4, gemma4-moe) or "
+                   "a vision model (qwen2.5-vl, qwen2-vl, gemma3-vision)")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32",
               show_default=True, help="Weight type for --random")

@@ -10,7 +10,7 @@ from typing import Any
 from mlxr.shared.errors import InvalidRequest
 
 from .modelfile import normalize_parameters, parse_modelfile
-from .random_model import ARCH_NAMES, DTYPES, PRESETS, VISION_ARCHS
+from .random_model import ARCH_NAMES, DTYPES, PRESETS, VARIANT_PRESETS, VISION_ARCHS
 from .sources import check_file_name
 
 
@@ -90,8 +90,9 @@ def _random_spec(value: Any) -> RandomSpec:
     if preset not in PRESETS:
         raise InvalidRequest(f'unknown random preset "{preset}"; choose a size ('
                              + ", ".join(p for p in PRESETS if p not in ARCH_NAMES
+                                         and p not in VARIANT_PRESETS
                                          and PRESETS[p].arch not in VISION_ARCHS)
-                             + "), an architecture (" + ", ".join(ARCH_NAMES)
+                             + "), an architecture (" + ", ".join(ARCH_NAMES + VARIANT_PRESETS)
                              + ") or a vision model ("
                              + ", ".join(p for p in PRESETS if PRESETS[p].arch in VISION_ARCHS)
                              + ")")

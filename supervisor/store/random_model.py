@@ -1,8 +1,8 @@
 """Random-weight test models: qwen3 with the real Qwen3 tokenizer (presets tiny, small, medium,
 qwen3-0.6b), and one small model of every architecture we serve with a 2,048-token tokenizer
 (the preset named after the architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3,
-granite, qwen3_moe, gpt_oss, gemma4, and gemma4-moe), and the vision presets qwen2.5-vl, qwen2-vl and gemma3-vision
-(supervisor/store/random_vision.py).
+granite, qwen3_moe, gpt_oss, gemma4; and gemma4-moe), and the vision presets qwen2.5-vl,
+qwen2-vl and gemma3-vision (supervisor/store/random_vision.py).
 
 Invariants:
 - The same arguments write the same bytes; the tiny/small/medium presets write exactly what
@@ -41,6 +41,8 @@ SMALL_VOCAB = 2048
 DTYPES = ("float32", "bfloat16")
 ARCH_NAMES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite",
               "qwen3_moe", "gpt_oss", "gemma4")
+# Presets of an architecture beyond the one named after it (a variant of that family).
+VARIANT_PRESETS = ("gemma4-moe",)
 TOKENIZER_KIND = {"llama": "bpe", "qwen2": "bpe", "qwen3": "bpe", "granite": "bpe",
                   "qwen3_moe": "bpe", "gpt_oss": "harmony", "gemma4": "gemma4",
                   "mistral": "spm", "gemma2": "spm", "gemma3": "spm", "phi3": "spm"}
