@@ -70,8 +70,12 @@ def assert_same(got, want) -> None:
     scale = float(np.abs(h2).max())
     assert np.abs(h1 - h2).max() <= 1e-5 * scale
     for a, b in zip(row1.keys + row1.values, row2.keys + row2.values):
-        assert np.allclose(a[-1][:, -1], b[-1][:, -1], rtol=1e-5, atol=1e-5)
-        assert np.isfinite(a[-1][:, -1]).all()
+        # relative to the vector's scale, as the hidden state: the kernels sum in another
+        # order on each CPU (16 lanes with AVX-512, 8 with AVX2), so a small element of a
+        # large key differs by a few float32 steps of the large ones
+        got, want = a[-1][:, -1], b[-1][:, -1]
+        assert np.abs(got - want).max() <= 1e-5 * max(float(np.abs(want).max()), 1.0)
+        assert np.isfinite(got).all()
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
