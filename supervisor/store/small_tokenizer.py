@@ -197,28 +197,8 @@ def _harmony_files(vocab_size: int) -> tuple[dict, dict, SmallTokenizer]:
 
 
 def _spm_files(vocab_size: int) -> tuple[dict, dict, SmallTokenizer]:
-    num_fixed = len(SPM_CONTROLS) + 256 + len(SPM_CHAT_SPECIALS)
-    num_pieces = vocab_size - num_fixed
-    if num_pieces < 128:
-        raise ValueError(f"an spm tokenizer needs vocab_size >= {num_fixed + 128}")
-    fixed = [*SPM_CONTROLS, *(f"<0x{b:02X}>" for b in range(256))]
-    pieces = _spm_pieces(num_pieces, taken=set(fixed) | set(SPM_CHAT_SPECIALS))
-    tokens = [*fixed, *pieces, *SPM_CHAT_SPECIALS]
-    vocab = {token: i for i, token in enumerate(tokens)}
-    model = bpe_model(vocab, sentencepiece_merges(pieces))
-    model.update(unk_token="<unk>", fuse_unk=True, byte_fallback=True)
-    specials = (*SPM_CONTROLS, *SPM_CHAT_SPECIALS)
-    tokenizer_json = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [added_token(vocab[name], name) for name in specials],
-        "normalizer": spm_normalizer(add_space_prefix=True),
-        "pre_tokenizer": None,
-        "post_processor": template_post_processor(bos=("<s>", vocab["<s>"]), eos=None),
-        "decoder": spm_decoder(add_space_prefix=True),
-        "model": model,
-    }
+    tokenizer_json, vocab, specials = _spm_tokenizer(
+        SPM_CONTROLS, SPM_CHAT_SPECIALS, vocab_size, "<s>", add_space_prefix=True)
     info = SmallTokenizer(
         kind="spm",
         vocab_size=vocab_size,
@@ -231,26 +211,11 @@ def _spm_files(vocab_size: int) -> tuple[dict, dict, SmallTokenizer]:
 
 
 def _gemma4_files(vocab_size: int) -> tuple[dict, dict, SmallTokenizer]:
-    num_fixed = len(GEMMA4_CONTROLS) + 256 + len(GEMMA4_SPECIALS)
-    fixed = [*GEMMA4_CONTROLS, *(f"<0x{b:02X}>" for b in range(256))]
-    pieces = _spm_pieces(vocab_size - num_fixed, taken=set(fixed) | set(GEMMA4_SPECIALS))
-    tokens = [*fixed, *pieces, *GEMMA4_SPECIALS]
-    vocab = {token: i for i, token in enumerate(tokens)}
-    model = bpe_model(vocab, sentencepiece_merges(pieces), ignore_merges=True)
-    model.update(unk_token="<unk>", fuse_unk=True, byte_fallback=True)
-    specials = (*GEMMA4_CONTROLS, *GEMMA4_SPECIALS)
-    tokenizer_json = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [added_token(vocab[name], name) for name in specials],
-        "normalizer": spm_normalizer(add_space_prefix=False),
-        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": GEMMA4_SPLIT},
-                          "behavior": "Isolated", "invert": False},
-        "post_processor": template_post_processor(bos=("<bos>", vocab["<bos>"]), eos=None),
-        "decoder": spm_decoder(add_space_prefix=False),
-        "model": model,
-    }
+    split = {"type": "Split", "pattern": {"Regex": GEMMA4_SPLIT}, "behavior": "Isolated",
+             "invert": False}
+    tokenizer_json, vocab, specials = _spm_tokenizer(
+        GEMMA4_CONTROLS, GEMMA4_SPECIALS, vocab_size, "<bos>", add_space_prefix=False,
+        pre_tokenizer=split, ignore_merges=True)
     # a reply ends at <turn|>, or at <|tool_response> after its calls
     info = SmallTokenizer(kind="gemma4", vocab_size=vocab_size, bos_id=vocab["<bos>"],
                           eos_ids=(vocab["<eos>"], vocab["<turn|>"], vocab["<|tool_response>"]),
@@ -259,6 +224,36 @@ def _gemma4_files(vocab_size: int) -> tuple[dict, dict, SmallTokenizer]:
                                add_bos=True)
     config["chat_template"] = (Path(__file__).parent / GEMMA4_TEMPLATE).read_text()
     return tokenizer_json, config, info
+
+
+def _spm_tokenizer(controls: tuple[str, ...], chat: tuple[str, ...], vocab_size: int, bos: str,
+                   *, add_space_prefix: bool, pre_tokenizer: dict | None = None,
+                   ignore_merges: bool = False) -> tuple[dict, dict[str, int], tuple[str, ...]]:
+    """tokenizer.json of a SentencePiece-style BPE: `controls`, the 256 byte tokens, text
+    pieces, then the `chat` tokens; BOS added in front. Also its vocabulary and specials."""
+    num_fixed = len(controls) + 256 + len(chat)
+    num_pieces = vocab_size - num_fixed
+    if num_pieces < 128:
+        raise ValueError(f"an spm tokenizer needs vocab_size >= {num_fixed + 128}")
+    fixed = [*controls, *(f"<0x{b:02X}>" for b in range(256))]
+    pieces = _spm_pieces(num_pieces, taken=set(fixed) | set(chat))
+    tokens = [*fixed, *pieces, *chat]
+    vocab = {token: i for i, token in enumerate(tokens)}
+    model = bpe_model(vocab, sentencepiece_merges(pieces), ignore_merges)
+    model.update(unk_token="<unk>", fuse_unk=True, byte_fallback=True)
+    specials = (*controls, *chat)
+    tokenizer_json = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [added_token(vocab[name], name) for name in specials],
+        "normalizer": spm_normalizer(add_space_prefix=add_space_prefix),
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": template_post_processor(bos=(bos, vocab[bos]), eos=None),
+        "decoder": spm_decoder(add_space_prefix=add_space_prefix),
+        "model": model,
+    }
+    return tokenizer_json, vocab, specials
 
 
 def _spm_pieces(count: int, taken: set[str]) -> list[str]:
