@@ -169,17 +169,19 @@ def _with_step(config: RunnerConfig, model, model_config: dict, tokenizer, visio
     """The rest of `load_model`: the host paths' probes, the model step and the embedder."""
     import mlx.core as mx
 
-    from mlxr.runner import mxfp4_kernel
+    from mlxr.runner import kernel_layers, mxfp4_kernel
     from mlxr.runner.embed.embeddings import LMEmbedder
     from mlxr.runner.host_body import HostBody
     from mlxr.runner.model_step import ModelStep
     from mlxr.runner.weights import ON_KERNEL, float32_on_cpu
 
     body = HostBody.find(model) if weights.endswith(ON_KERNEL) else None
-    if weights.endswith(ON_KERNEL) and body is None and not mxfp4_kernel.serves(model):
+    if weights.endswith(ON_KERNEL) and body is None and not mxfp4_kernel.serves(model) \
+            and not kernel_layers.install(model):
         # The numpy body does not serve this architecture (nor does the mxfp4 kernel serve
-        # gpt-oss's experts), so MLX's quantized CPU products would: 5-44x float32's time.
-        # Widen after all, where it fits.
+        # gpt-oss's experts), and its quantized layers could not go on the kernel one by one,
+        # so MLX's quantized CPU products would: 5-44x float32's time. Widen after all, where
+        # it fits.
         weights = float32_on_cpu(model, config.float32_weights,
                                  int(config.kv_cache_bytes * kv_scale),
                                  int(psutil.virtual_memory().available))
