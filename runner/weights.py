@@ -14,7 +14,9 @@ Invariants:
 - Except: where the runner's numpy body may serve the model ("auto", one rank, a text model)
   and the quantized kernel builds (runner/quant_kernel.py), the 4- and 8-bit layers stay as
   stored, for the kernel, and only the rest is widened (`widen_around_kernel`): the decode
-  step then reads a quarter (8-bit) or an eighth (4-bit) of the float32 bytes. 2-, 3-, 5-
+  step then reads a quarter (8-bit) or an eighth (4-bit) of the float32 bytes. (Where the
+  body does not take the architecture, each such layer computes on the kernel instead:
+  runner/kernel_layers.py, installed by the loader.) 2-, 3-, 5-
   and 6-bit layers are held in 4 or 8 bits for it (runner/repack.py), exactly. That too
   only where the bytes it adds (`kernel_extra_bytes`) and the KV budget fit FREE_SHARE of
   the memory available. "on" still widens everything.
