@@ -11,7 +11,8 @@ the 2-core Zen 3, where llama.cpp made 23 (docs/PERFORMANCE.md, "Gemma 4 on a CP
   packed weight for every 16 rows.
 - More rows (a prompt's chunk): the weight dequantized by the kernel (split over the cores)
   into one float32 scratch buffer shared by every layer, then numpy's BLAS product: float32's
-  speed for the cost of writing one layer's float32 values.
+  speed for the cost of writing one layer's float32 values. A layer of more than MAX_SCRATCH
+  values (a large vocabulary's head) takes the kernel's passes of 16 rows instead.
 - Only exact `nn.QuantizedLinear`, `nn.QuantizedEmbedding` (a tied head's `as_linear`) and
   mlx_lm's `QuantizedSwitchLinear` modules in a layout the kernel takes, with float32 scales,
   are changed (their class, in place); anything else keeps MLX's own product. Inputs of other
@@ -29,6 +30,9 @@ from mlxr.runner.probe_reference import _expert_products
 from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel, takes_stacked
 
 MAX_ROWS = 16  # one pass of the kernel takes 16 rows
+# The most values a wide pass dequantizes at once (256 MB of float32): a larger layer (a head
+# over Gemma's 262,144-token vocabulary is 2.7 GB wide) takes the kernel's passes instead.
+MAX_SCRATCH = 1 << 26
 
 
 class _Host:
@@ -41,7 +45,7 @@ class _Host:
         """x (..., in) @ weight.T as an MLX array of x's dtype."""
         width, depth = self.weight.shape
         rows = np.asarray(x.astype(mx.float32)).reshape(-1, depth)
-        if rows.shape[0] <= MAX_ROWS:
+        if rows.shape[0] <= MAX_ROWS or width * depth > MAX_SCRATCH:
             out = np.empty((rows.shape[0], width), dtype=np.float32)
             self.kernel.product(self.weight, np.ascontiguousarray(rows), out)
         else:

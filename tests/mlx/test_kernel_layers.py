@@ -65,3 +65,16 @@ def test_layers_the_kernel_does_not_take_keep_mlxs_product(tmp_path):
     assert kernel_layers.install(model) == 0 and not kernel_layers.serves(model)
     assert all(type(m) is nn.QuantizedLinear for _, m in model.named_modules()
                if isinstance(m, nn.QuantizedLinear))
+
+
+def test_a_layer_too_large_for_the_scratch_takes_the_kernels_passes(tmp_path, monkeypatch):
+    model, tokenizer = _model(tmp_path, "gemma4", 8)
+    ids = tokenizer.encode(PROMPT)
+    want = _passes(model, ids, steps=1)
+    kernel_layers.install(model)
+    monkeypatch.setattr(kernel_layers, "MAX_SCRATCH", 0)  # every layer: passes of 16 rows
+    for got, ref in zip(_passes(model, ids, steps=1), want):
+        assert float(mx.abs(got - ref).max()) <= 1e-4 * float(mx.abs(ref).max())
+    scratch = next(m.host.scratch for _, m in model.named_modules()
+                   if isinstance(m, kernel_layers.KernelLinear))
+    assert scratch.take(0, 0).size == 0 and scratch._buffer.size == 0  # never dequantized
