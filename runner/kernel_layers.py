@@ -26,7 +26,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
-from mlxr.runner.probe_reference import _expert_products
+from mlxr.runner.probe_reference import expert_products
 from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel, takes_stacked
 
 MAX_ROWS = 16  # one pass of the kernel takes 16 rows
@@ -128,6 +128,6 @@ class KernelSwitchLinear(QuantizedSwitchLinear):
     host: _Experts
 
     def __call__(self, x, indices, sorted_indices=False):
-        out = _expert_products(self.host.kernel, self.host.weights, x.astype(mx.float32),
+        out = expert_products(self.host.kernel, self.host.weights, x.astype(mx.float32),
                                indices).astype(x.dtype)
         return out + mx.expand_dims(self["bias"][indices], -2) if "bias" in self else out

@@ -68,7 +68,7 @@ def kernel_reference() -> Iterator[None]:
             stacks[id(self)] = QuantizedWeight.stacked(self)
         if stacks[id(self)] is None:
             return experts_call(self, x, indices, sorted_indices)
-        out = _expert_products(kernel, stacks[id(self)], x, indices)
+        out = expert_products(kernel, stacks[id(self)], x, indices)
         return out + mx.expand_dims(self["bias"][indices], -2) if "bias" in self else out
 
     nn.QuantizedLinear.__call__, nn.QuantizedEmbedding.as_linear = call, as_linear
@@ -94,7 +94,7 @@ def _product(kernel: QuantKernel, module, x: mx.array) -> mx.array | None:
     return mx.array(out.reshape(*x.shape[:-1], width))
 
 
-def _expert_products(kernel: QuantKernel, weights: list[QuantizedWeight], x: mx.array,
+def expert_products(kernel: QuantKernel, weights: list[QuantizedWeight], x: mx.array,
                      indices: mx.array) -> mx.array:
     """MLX's gather_qmm(x, experts, rhs_indices=indices, transpose=True) through the kernel:
     for each index, x's matrix (m, in) at that place times the chosen expert's weight."""
