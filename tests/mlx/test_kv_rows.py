@@ -9,7 +9,7 @@ from mlxr.runner.kv import rows
 from mlxr.supervisor.store.random_model import ARCH_NAMES, write_random_model
 
 # window layers (gpt_oss's also attention sinks): mlx-lm's rotating cache, in the padded batch
-SLIDING = {"gemma2", "gemma3", "gpt_oss"}
+SLIDING = {"gemma2", "gemma3", "gpt_oss", "gemma4"}
 
 
 @pytest.mark.parametrize("arch", ARCH_NAMES)
