@@ -153,7 +153,6 @@ def hf_config(p: Any, base: dict[str, Any], rope: Mapping[str, np.ndarray],
         },
         "hidden_activation": "gelu_pytorch_tanh",
     }
-    config.pop("hidden_act", None)
     if config["final_logit_softcapping"] is not None:
         config["final_logit_softcapping"] = float(config["final_logit_softcapping"])
     experts = int(p.get("expert_count", 0))
