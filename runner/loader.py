@@ -79,6 +79,7 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     from mlx_lm.utils import load_model as read_model
 
     from mlxr.runner.architectures import fix_model
+    from mlxr.runner.embed.bidirectional import is_bidirectional_dir, load_bidirectional_embedder
     from mlxr.runner.embed.embeddings import is_encoder_dir, load_encoder_embedder
     from mlxr.runner.probe_reference import kernel_reference
     from mlxr.runner.probe_verdicts import Verdicts, key as verdict_key, using as using_verdicts
@@ -90,6 +91,11 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
     if is_encoder_dir(config.model_dir):
         emb = load_encoder_embedder(config.model_dir, config.context_length,
                                     host=config.host_attention and mx.default_device() == mx.cpu)
+        return LoadedModel(emb.model, emb.tokenizer, emb.max_length, 1, emb.vocab_size,
+                           ["embedding"], emb)
+    if is_bidirectional_dir(config.model_dir):  # EmbeddingGemma
+        emb = load_bidirectional_embedder(config.model_dir, config.context_length,
+                                          widen=mx.default_device() == mx.cpu)
         return LoadedModel(emb.model, emb.tokenizer, emb.max_length, 1, emb.vocab_size,
                            ["embedding"], emb)
     adapter = Path(config.model_dir) / ADAPTER_DIR
@@ -209,7 +215,7 @@ def _with_step(config: RunnerConfig, model, model_config: dict, tokenizer, visio
     embedder = None if step.split.body is None or group is not None else LMEmbedder.make(
         model, step.split.body, tokenizer, min(config.context_length, max_context), vocab_size,
         host=step.host_prefill if step.host_body is not None and step.host_body.quantized
-        else None, pooling=_lm_pooling(config.model_dir))
+        else None, pooling=_lm_pooling(config.model_dir), model_dir=config.model_dir)
     capabilities = ["completion"] + (["vision"] if vision is not None else [])
     return LoadedModel(model, tokenizer, max_context, bytes_per_token, vocab_size,
                        capabilities, embedder=embedder, model_step=step, vision=vision,

@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from mlxr.shared.errors import ContextOverflow, InvalidRequest
+from mlxr.shared.errors import ContextOverflow, InvalidModelFile, InvalidRequest
 from mlxr.shared.protocol import EmbedRequest, EmbedResponse
 from mlxr.runner.embed.pooling import l2_normalize, pool, truncate_dimensions
 from mlxr.shared.sentence_transformers import PoolingConfig, read_pooling_config
@@ -135,6 +135,20 @@ def _fit(ids: list[int], max_length: int, truncate: bool) -> list[int]:
     return ids[:max_length]
 
 
+def finish(vectors: np.ndarray, pooling: PoolingConfig, dense: list) -> np.ndarray:
+    """Pooled (B, width) float32 vectors through the Dense modules, then normalized where
+    the sentence-transformers files say so."""
+    from mlxr.runner.embed.dense import apply_dense
+
+    vectors = apply_dense(dense, np.asarray(vectors, dtype=np.float32))
+    return l2_normalize(vectors) if pooling.normalize else vectors
+
+
+def out_width(dense: list, width: int) -> int:
+    """The vector size: the last Dense module's outputs, else the pooled width."""
+    return dense[-1].weight.shape[0] if dense else width
+
+
 # -- the encoder (BERT) ---------------------------------------------------------------------
 class EncoderTokenizer:
     """tokenizer.json through `tokenizers`, with the padding and truncation that some
@@ -178,6 +192,7 @@ class EncoderEmbedder:
     dim: int
     vocab_size: int
     host: Any = None  # runner/embed/host_encoder.py's HostEncoder: the forward pass in numpy
+    dense: list = field(default_factory=list)  # runner/embed/dense.py's layers, after pooling
 
     def encode(self, texts: list[str], truncate: bool) -> list[list[int]]:
         return self.tokenizer.encode_for_embedding(texts, truncate)
@@ -188,13 +203,11 @@ class EncoderEmbedder:
         ids, mask = pad_batch(batch)
         if self.host is not None:
             vectors = pool(self.host(ids, mask), mask, self.pooling.modes)
-            return l2_normalize(vectors) if self.pooling.normalize else vectors
-        mask_mx = mx.array(mask)
-        hidden = self.model(mx.array(ids), mask_mx).astype(mx.float32)
-        vectors = pool(hidden, mask_mx, self.pooling.modes)
-        if self.pooling.normalize:
-            vectors = l2_normalize(vectors)
-        return np.array(vectors)
+        else:
+            mask_mx = mx.array(mask)
+            hidden = self.model(mx.array(ids), mask_mx).astype(mx.float32)
+            vectors = np.array(pool(hidden, mask_mx, self.pooling.modes))
+        return finish(vectors, self.pooling, self.dense)
 
 
 def load_encoder_embedder(model_dir: str | Path, context_length: int,
@@ -203,6 +216,7 @@ def load_encoder_embedder(model_dir: str | Path, context_length: int,
     sentence-transformers files. The maximum input is max_seq_length
     (sentence_bert_config.json), else the position table's size, else the tokenizer's
     model_max_length, whichever is least. `host`: run the forward pass in numpy (a CPU)."""
+    from mlxr.runner.embed.dense import load_dense
     from mlxr.runner.embed.host_encoder import HostEncoder
     from mlxr.runner.embed.encoder import load_bert
     from mlxr.runner.embed.nomic import load_nomic
@@ -226,12 +240,13 @@ def load_encoder_embedder(model_dir: str | Path, context_length: int,
     max_length = min(limits)
     tokenizer = EncoderTokenizer(model_dir / "tokenizer.json", max_length)
     host_encoder = HostEncoder.of(model) if host else None
+    dense = load_dense(model_dir, pooling.dense, cfg.hidden_size * len(pooling.modes))
     # (with the numpy pass the MLX module goes: its weights live on in the views that pass
     # holds, BERT's separate q/k/v arrays are freed)
     return EncoderEmbedder(model=None if host_encoder else model, tokenizer=tokenizer,
                            pooling=pooling, max_length=max_length,
-                           dim=cfg.hidden_size * len(pooling.modes), vocab_size=cfg.vocab_size,
-                           host=host_encoder)
+                           dim=out_width(dense, cfg.hidden_size * len(pooling.modes)),
+                           vocab_size=cfg.vocab_size, host=host_encoder, dense=dense)
 
 
 # -- causal language models (mlx_lm) ---------------------------------------------------------
@@ -253,11 +268,12 @@ class LMEmbedder:
     vocab_size: int
     host: Any = None
     pooling: PoolingConfig = field(default_factory=PoolingConfig)
+    dense: list = field(default_factory=list)  # runner/embed/dense.py's layers
 
     @classmethod
     def make(cls, model: Any, body: Any, tokenizer: Any, max_length: int,
-             vocab_size: int, host: Any = None,
-             pooling: PoolingConfig | None = None) -> "LMEmbedder | None":
+             vocab_size: int, host: Any = None, pooling: PoolingConfig | None = None,
+             model_dir: str | None = None) -> "LMEmbedder | None":
         """None when the body does not run as expected, or `pooling` (the directory's
         sentence-transformers files: an embedding model such as Qwen3-Embedding pools the
         last token) asks for what a language model cannot give: the model then serves
@@ -275,9 +291,18 @@ class LMEmbedder:
         except Exception:
             log.exception("no embeddings for this model: its body does not run alone")
             return None
-        # The hidden size, whatever the config calls it.
-        return cls(model, body, tokenizer, max_length, hidden.shape[-1], vocab_size, host,
-                   pooling)
+        width = hidden.shape[-1]  # the hidden size, whatever the config calls it
+        dense = []
+        if pooling.dense:
+            from mlxr.runner.embed.dense import load_dense
+
+            try:
+                dense = load_dense(model_dir or ".", pooling.dense, width)
+            except InvalidModelFile as exc:
+                log.error("no embeddings for this model: %s", exc)
+                return None
+        return cls(model, body, tokenizer, max_length, out_width(dense, width), vocab_size,
+                   host, pooling, dense)
 
     @property
     def mode(self) -> str:
@@ -295,7 +320,7 @@ class LMEmbedder:
         if self.host is not None:
             pooled = np.stack([w[:len(tokens)] @ self.host.hidden_states(tokens, LM_CHUNK)
                                for tokens, w in zip(batch, weights)])
-            return l2_normalize(pooled) if self.pooling.normalize else pooled
+            return finish(pooled, self.pooling, self.dense)
 
         ids, _ = pad_batch(batch)
         ids_mx, weights_mx = mx.array(ids), mx.array(weights)
@@ -306,7 +331,7 @@ class LMEmbedder:
             part = weights_mx[:, start:start + LM_CHUNK, None]
             total = total + (hidden.astype(mx.float32) * part).sum(axis=1)
             mx.eval(total)  # lets this chunk's activations go before the next one
-        return np.array(l2_normalize(total) if self.pooling.normalize else total)
+        return finish(np.array(total), self.pooling, self.dense)
 
 
 LM_POOLING = ("mean", "lasttoken", "cls")  # cls: a causal model's first token

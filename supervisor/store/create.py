@@ -360,10 +360,11 @@ async def _quantize(store: Store, plan: _Plan, work: Path, pin) -> AsyncIterator
                                       "output was removed): " + " | ".join(tail[-1:]))
         raise MlxrError("quantization failed: " + " | ".join(tail))
     yield {"status": status, "digest": "0", "total": total, "completed": total}
-    # The new weights and config replace the old ones; tokenizer files are reused as they are.
+    # The new weights and config replace the old ones; tokenizer files, and sentence-transformers
+    # modules in their folders (EmbeddingGemma's Dense weights), are reused as they are.
     kept = {n: x for n, x in plan.blob_files.items()
-            if not n.endswith(".safetensors") and n not in ("config.json",
-                                                              "model.safetensors.index.json")}
+            if ("/" in n or not n.endswith(".safetensors"))
+            and n not in ("config.json", "model.safetensors.index.json")}
     plan.blob_files.clear()
     plan.blob_files.update(kept)
     yield {"status": "verifying conversion"}

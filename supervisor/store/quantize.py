@@ -56,9 +56,16 @@ def parse_quantize(name: str) -> QuantChoice:
 
 
 def quantize_dir(src: Path, dst: Path, bits: int, group_size: int = DEFAULT_GROUP_SIZE) -> None:
-    from mlx_lm.utils import load_model, quantize_model, save_config, save_model
+    import json
 
-    model, config = load_model(src, lazy=True)
+    from mlx_lm.utils import _get_classes, load_model, quantize_model, save_config, save_model
+
+    classes = _get_classes
+    if json.loads((src / "config.json").read_text()).get("use_bidirectional_attention"):
+        # EmbeddingGemma: weights named as its base model saves them (its Dense modules, in
+        # their folders, stay as they are: the caller keeps them)
+        from mlxr.runner.embed.bidirectional import model_classes as classes
+    model, config = load_model(src, lazy=True, get_model_classes=classes)
     if "quantization" in config or "quantization_config" in config:
         raise SystemExit("model is already quantized")
     model, config = quantize_model(model, config, group_size, bits, mode="affine")

@@ -1,8 +1,9 @@
 """Random-weight test models: qwen3 with the real Qwen3 tokenizer (presets tiny, small, medium,
 qwen3-0.6b), and one small model of every architecture we serve with a 2,048-token tokenizer
 (the preset named after the architecture: llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3,
-granite, qwen3_moe, gpt_oss, gemma4; and gemma4-moe), and the vision presets qwen2.5-vl,
-qwen2-vl and gemma3-vision (supervisor/store/random_vision.py).
+granite, qwen3_moe, gpt_oss, gemma4; and gemma4-moe), the embedding model embeddinggemma
+(supervisor/store/random_embedding.py), and the vision presets qwen2.5-vl, qwen2-vl and
+gemma3-vision (supervisor/store/random_vision.py).
 
 Invariants:
 - The same arguments write the same bytes; the tiny/small/medium presets write exactly what
@@ -34,6 +35,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from mlxr.shared.assets import write_qwen3_tokenizer
+from mlxr.supervisor.store import random_embedding
 
 VOCAB_SIZE = 151680
 EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
@@ -42,7 +44,7 @@ DTYPES = ("float32", "bfloat16")
 ARCH_NAMES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite",
               "qwen3_moe", "gpt_oss", "gemma4")
 # Presets of an architecture beyond the one named after it (a variant of that family).
-VARIANT_PRESETS = ("gemma4-moe",)
+VARIANT_PRESETS = ("gemma4-moe", "embeddinggemma")
 TOKENIZER_KIND = {"llama": "bpe", "qwen2": "bpe", "qwen3": "bpe", "granite": "bpe",
                   "qwen3_moe": "bpe", "gpt_oss": "harmony", "gemma4": "gemma4",
                   "mistral": "spm", "gemma2": "spm", "gemma3": "spm", "phi3": "spm"}
@@ -122,6 +124,11 @@ PRESETS: dict[str, Preset] = {
     # Gemma 4's mixture (26B-A4B): each layer's MLP beside 8 experts (2 a token).
     "gemma4-moe": _arch("gemma4", True, layers=6, experts=8,
                         note=", an MLP and 8 experts (2 a token) a layer, sliding window 64"),
+    # EmbeddingGemma's layout (supervisor/store/random_embedding.py): the gemma3 preset's body
+    # with attention both ways, mean pooling and two Dense modules; an embedding model only.
+    "embeddinggemma": _arch("gemma3", True, layers=6,
+                            note=", bidirectional attention (window 64), mean pooling, 2 Dense "
+                                 "modules: an embedding model"),
     # A vision model (supervisor/store/random_vision.py writes it; these fields describe its
     # language part).
     "qwen2.5-vl": Preset(128, 2, 4, 2, 32, 256, False,
@@ -476,7 +483,8 @@ def write_random_model(dest: Path, preset: str | None = None, seed: int = 0,
                        arch: str | None = None, dtype: str = "float32") -> Path:
     """Write a loadable Hugging Face-layout model directory; the same arguments give the same
     bytes. `preset` defaults to "tiny" (qwen3), or to `arch`'s preset when `arch` is given."""
-    p = PRESETS[resolve(preset, arch)]
+    name = resolve(preset, arch)
+    p = PRESETS[name]
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     dest = Path(dest)
@@ -495,6 +503,10 @@ def write_random_model(dest: Path, preset: str | None = None, seed: int = 0,
         tokenizer = write_small_tokenizer(dest, TOKENIZER_KIND[p.arch], p.vocab)
         config = arch_config(p, tokenizer, dtype)
         weights = make_arch_weights(p, seed, tokenizer.eos_ids)
+    if name == random_embedding.PRESET:
+        config = random_embedding.embedding_config(config)
+        weights = random_embedding.base_model_names(weights)
+        random_embedding.write_sentence_transformers(dest, p.hidden, seed, _save, dtype)
     (dest / "config.json").write_text(json.dumps(config, indent=2))
     _save(weights, dest / "model.safetensors", dtype)
     return dest

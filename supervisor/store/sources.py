@@ -43,8 +43,9 @@ def _wanted(path: Path) -> bool:
 
 
 def select_files(directory: Path) -> dict[str, Path]:
-    """The model files of a directory (name -> path): weights, JSON and small text files, one
-    level of sub-directories (e.g. 1_Pooling/config.json) included."""
+    """The model files of a directory (name -> path): weights, JSON and small text files, and
+    from one level of sub-directories their JSON and weights (sentence-transformers' modules:
+    1_Pooling/config.json, 2_Dense/model.safetensors)."""
     if not directory.is_dir():
         raise InvalidRequest(f'"{directory}" is not a directory')
     found: dict[str, Path] = {}
@@ -53,7 +54,8 @@ def select_files(directory: Path) -> dict[str, Path]:
             found[path.name] = path
         elif path.is_dir() and not path.name.startswith("."):
             for sub in sorted(path.iterdir()):
-                if sub.is_file() and sub.suffix == ".json" and not sub.name.startswith("."):
+                if sub.is_file() and sub.suffix in (".json", ".safetensors") \
+                        and not sub.name.startswith("."):
                     found[f"{path.name}/{sub.name}"] = sub
     if "config.json" not in found:
         raise InvalidRequest(f'"{directory}" has no config.json (not a Hugging Face model '

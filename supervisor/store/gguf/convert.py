@@ -188,6 +188,8 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
     total = sum(t.n_bytes for t in gguf.tensors)
     done = 0
     bits_of: dict[str, tuple[int, str]] = {}  # a quantized layer's bits and mode
+    modules: dict[str, dict[str, Any]] = {}  # a module folder's weights, as floats
+    dense: list[tuple[str, int, int]] = []  # (folder, inputs, outputs)
     shard: dict[str, mx.array] = {}
     shard_bytes, shard_index = 0, 0
     for t in gguf.tensors:
@@ -198,6 +200,14 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
                 progress(done, total)
             continue
         shape = t.shape
+        if "/" in hf:  # a sentence-transformers module's weight (EmbeddingGemma's Dense)
+            folder, key = hf.split("/", 1)
+            out = quants.to_mlx(t.ggml_type, gguf.data(t), shape, t.name, quantize=False)
+            modules.setdefault(folder, {})[key] = mx.array(out.weight).astype(mx.float32)
+            dense.append((folder, shape[1], shape[0]))
+            if progress is not None:
+                progress(done, total)
+            continue
         matrix = len(shape) == 2 or (len(shape) == 3 and _EXPERTS.search(hf) is not None)
         out = quants.to_mlx(t.ggml_type, gguf.data(t), shape, t.name,
                             quantize=not dequantize and hf.endswith(".weight") and matrix)
@@ -227,6 +237,10 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
         shard_index += 1
         mx.save_safetensors(str(dst / f"model-{shard_index:05d}.safetensors"), shard,
                             metadata={"format": "mlx"})
+    for folder, tensors in modules.items():
+        (dst / folder).mkdir(exist_ok=True)
+        mx.save_safetensors(str(dst / folder / "model.safetensors"), tensors,
+                            metadata={"format": "pt"})
     if bits_of:
         config["quantization"] = _quantization(bits_of)
     config["mlxr_gguf"] = {"converter_version": CONVERTER_VERSION,
@@ -238,7 +252,7 @@ def convert(src: Path, dst: Path, progress: Callable[[int, int], None] | None = 
     else:
         files = tokenizer.hf_tokenizer_files(kv)
         if pooling.embeds(kv):  # an embedding model (Qwen3-Embedding): how to pool
-            files.update(pooling.sentence_transformers_files(kv))
+            files.update(pooling.sentence_transformers_files(kv, dense=tuple(sorted(dense))))
     for file_name, data in files.items():
         (dst / file_name).parent.mkdir(exist_ok=True)
         (dst / file_name).write_bytes(data)

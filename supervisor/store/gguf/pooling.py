@@ -19,6 +19,8 @@ from mlxr.shared.sentence_transformers import MODE_KEYS
 from .arch import UnsupportedArchitecture
 
 POOLING = {1: "mean", 2: "cls", 3: "lasttoken"}
+EMBEDDING_ARCHS = ("gemma-embedding",)  # language-model bodies made only for embeddings
+IDENTITY = "torch.nn.modules.linear.Identity"
 _REFUSED = {0: "none (one vector a token)", 4: "rank (a reranker)"}
 
 
@@ -28,8 +30,8 @@ def pooling_type(kv: Mapping[str, Any]) -> Any:
 
 def embeds(kv: Mapping[str, Any]) -> bool:
     """Whether a language model's file makes it an embedding model (a pooling type 1-4; 4 is
-    then refused by `pooling_mode`)."""
-    return pooling_type(kv) not in (None, 0)
+    then refused by `pooling_mode`). An EmbeddingGemma file is one whatever it says."""
+    return kv.get("general.architecture") in EMBEDDING_ARCHS or pooling_type(kv) not in (None, 0)
 
 
 def pooling_mode(kv: Mapping[str, Any]) -> str:
@@ -44,19 +46,25 @@ def pooling_mode(kv: Mapping[str, Any]) -> str:
     return POOLING[kind]
 
 
-def sentence_transformers_files(kv: Mapping[str, Any],
-                                max_length: int | None = None) -> dict[str, bytes]:
-    """modules.json, the pooling config and, given `max_length`, the input limit."""
+def sentence_transformers_files(kv: Mapping[str, Any], max_length: int | None = None,
+                                dense: tuple[tuple[str, int, int], ...] = ()
+                                ) -> dict[str, bytes]:
+    """modules.json, the pooling config and, given `max_length`, the input limit. `dense`:
+    (folder, inputs, outputs) of each Dense module after the pooling (EmbeddingGemma's
+    `dense_2`, `dense_3`: no bias, no activation), whose weights the caller writes."""
     mode = pooling_mode(kv)
-    modules = [{"idx": 0, "name": "0", "path": "",
-                "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling",
-                "type": "sentence_transformers.models.Pooling"},
-               {"idx": 2, "name": "2", "path": "2_Normalize",
-                "type": "sentence_transformers.models.Normalize"}]
+    kinds = [("", "Transformer"), ("1_Pooling", "Pooling"),
+             *((folder, "Dense") for folder, _, _ in dense)]
+    kinds.append((f"{len(kinds)}_Normalize", "Normalize"))
+    modules = [{"idx": i, "name": str(i), "path": path,
+                "type": f"sentence_transformers.models.{kind}"}
+               for i, (path, kind) in enumerate(kinds)]
     files = {"modules.json": _dump(modules),
              "1_Pooling/config.json": _dump({key: value == mode
                                              for key, value in MODE_KEYS.items()})}
+    for folder, n_in, n_out in dense:
+        files[f"{folder}/config.json"] = _dump({"in_features": n_in, "out_features": n_out,
+                                                "bias": False, "activation_function": IDENTITY})
     if max_length is not None:
         files["sentence_bert_config.json"] = _dump({"max_seq_length": max_length,
                                                     "do_lower_case": False})

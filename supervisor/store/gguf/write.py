@@ -130,8 +130,17 @@ def write_gguf(model_dir: Path, dest: Path, file_type: str = "F16") -> Path:
     kv = {**kv, **gguf_tokenizer_fields(model_dir)}
     if (model_dir / "modules.json").exists():  # an embedding model (Qwen3-Embedding)
         kv[f"{arch}.pooling_type"] = _pooling_type(model_dir)
-    writer = _writer(dest, arch, kv, file_type, config, model_dir)
     tensors = arches.stack_experts(_load_float32(model_dir))
+    if arch == "gemma-embedding":
+        # (the base model's names, `layers.0...`; its Dense modules as dense_2, dense_3)
+        tensors = {n if n.startswith("model.") else f"model.{n}": x for n, x in tensors.items()}
+        for stem, hf_stem in arches.DENSE_MODULES.items():
+            folder = model_dir / hf_stem.split("/")[0]
+            if (folder / "model.safetensors").exists():
+                x = _load_float32(folder)["linear.weight"]
+                tensors[f"{hf_stem}.weight"] = x
+                kv[f"{arch}.{stem}_feat_in"], kv[f"{arch}.{stem}_feat_out"] = x.shape[1], x.shape[0]
+    writer = _writer(dest, arch, kv, file_type, config, model_dir)
     names = {arches.gguf_tensor_name(arch, hf_name) for hf_name in tensors}
     head = "output.weight" if "output.weight" in names else "token_embd.weight"
     layers = int(config.get("num_hidden_layers", 0))

@@ -63,9 +63,54 @@ def test_no_modules_json_means_mean_and_normalize(tmp_path):
 
 
 def test_modules_we_do_not_implement_are_a_load_error(tmp_path):
-    dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
-    write(tmp_path / "modules.json", MODULES + [dense])
-    with pytest.raises(ValueError, match="Dense"):
+    norm = {"idx": 3, "name": "3", "path": "3_LayerNorm",
+            "type": "sentence_transformers.models.LayerNorm"}
+    write(tmp_path / "modules.json", MODULES + [norm])
+    with pytest.raises(ValueError, match="LayerNorm"):
+        read_pooling_config(tmp_path)
+
+
+def dense_module(idx: int, path: str) -> dict:
+    return {"idx": idx, "name": str(idx), "path": path,
+            "type": "sentence_transformers.models.Dense"}
+
+
+EMBEDDING_GEMMA = [MODULES[0], MODULES[1], dense_module(2, "2_Dense"), dense_module(3, "3_Dense"),
+                   {"idx": 4, "name": "4", "path": "4_Normalize",
+                    "type": "sentence_transformers.models.Normalize"}]
+IDENTITY = "torch.nn.modules.linear.Identity"
+
+
+def test_dense_modules_after_the_pooling_are_read_in_order(tmp_path):
+    write(tmp_path / "modules.json", EMBEDDING_GEMMA)
+    write(tmp_path / "2_Dense" / "config.json", {"in_features": 768, "out_features": 3072,
+                                                 "bias": False, "activation_function": IDENTITY})
+    # sentence-transformers' defaults: a bias, tanh
+    write(tmp_path / "3_Dense" / "config.json", {"in_features": 3072, "out_features": 768})
+    cfg = read_pooling_config(tmp_path)
+    assert [(d.path, d.in_features, d.out_features, d.bias, d.activation) for d in cfg.dense] == [
+        ("2_Dense", 768, 3072, False, "identity"), ("3_Dense", 3072, 768, True, "tanh")]
+    assert cfg.normalize and cfg.modes == ["mean"]
+
+
+@pytest.mark.parametrize("modules, config, message", [
+    ([MODULES[0], dense_module(1, "2_Dense"), MODULES[1]], {"in_features": 4, "out_features": 4},
+     "before the pooling"),
+    ([*MODULES[:2], dense_module(2, "2_Dense")],
+     {"in_features": 4, "out_features": 4,
+      "activation_function": "torch.nn.modules.activation.GELU"}, "GELU"),
+    ([*MODULES[:2], dense_module(2, "2_Dense")], {"in_features": 4}, "out_features"),
+    ([*MODULES[:2], dense_module(2, "2_Dense")], {"in_features": 4, "out_features": True},
+     "out_features"),
+    ([*MODULES[:2], dense_module(2, "../2_Dense")], {"in_features": 4, "out_features": 4},
+     "not a folder"),
+    ([*MODULES[:2], dense_module(2, "9_Dense")], {"in_features": 4, "out_features": 4},
+     "no config.json"),
+])
+def test_dense_modules_we_cannot_run_are_a_load_error(tmp_path, modules, config, message):
+    write(tmp_path / "modules.json", modules)
+    write(tmp_path / "2_Dense" / "config.json", config)
+    with pytest.raises(ValueError, match=message):
         read_pooling_config(tmp_path)
 
 
