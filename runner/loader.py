@@ -94,8 +94,9 @@ def load_model(config: RunnerConfig, blas: str, on_progress: Callable[[float], N
         return LoadedModel(emb.model, emb.tokenizer, emb.max_length, 1, emb.vocab_size,
                            ["embedding"], emb)
     if is_bidirectional_dir(config.model_dir):  # EmbeddingGemma
+        on_cpu = mx.default_device() == mx.cpu
         emb = load_bidirectional_embedder(config.model_dir, config.context_length,
-                                          widen=mx.default_device() == mx.cpu)
+                                          widen=on_cpu, host=on_cpu and config.host_attention)
         return LoadedModel(emb.model, emb.tokenizer, emb.max_length, 1, emb.vocab_size,
                            ["embedding"], emb)
     adapter = Path(config.model_dir) / ADAPTER_DIR

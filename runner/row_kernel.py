@@ -59,15 +59,17 @@ class RowKernel:
                        ctypes.c_long]
         return cls(fn)
 
-    def product(self, weight: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    def product(self, weight: np.ndarray, rows: np.ndarray, out: np.ndarray,
+                split_elements: int = SPLIT_ELEMENTS) -> None:
         """out (B, out) = rows (B, in) @ weight.T, for a C-contiguous float32 weight (out, in)
         and float32 rows; out C-contiguous float32. One pass over the weight for every 16
-        rows."""
+        rows; a weight of `split_elements` or more is shared among the cores."""
         for start in range(0, rows.shape[0], MAX_LANES):
             block = rows[start:start + MAX_LANES]
-            self._pass(weight, block, out[start:start + block.shape[0]])
+            self._pass(weight, block, out[start:start + block.shape[0]], split_elements)
 
-    def _pass(self, weight: np.ndarray, block: np.ndarray, out: np.ndarray) -> None:
+    def _pass(self, weight: np.ndarray, block: np.ndarray, out: np.ndarray,
+              split_elements: int) -> None:
         (width, depth), b = weight.shape, block.shape[0]
         lanes = 4 if b <= 4 else 8 if b <= 8 else 16
         xt = np.zeros((depth, lanes), dtype=np.float32)
@@ -79,4 +81,4 @@ class RowKernel:
                 raise ValueError("row kernel refused its arguments")
 
         host_parallel.for_rows(-(-width // TILE), width * depth, part,
-                               parts=None if width * depth >= SPLIT_ELEMENTS else 1)
+                               parts=None if width * depth >= split_elements else 1)

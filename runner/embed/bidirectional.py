@@ -82,6 +82,7 @@ class BidirectionalEmbedder:
     half_window: int
     sliding: list[bool]  # per layer
     embed_scale: float
+    host: Any = None  # runner/embed/host_gemma.py's HostGemma: the forward pass in numpy
 
     def encode(self, texts: list[str], truncate: bool) -> list[list[int]]:
         # With the tokenizer's own special tokens (<bos> ... <eos> for EmbeddingGemma).
@@ -91,6 +92,12 @@ class BidirectionalEmbedder:
         import mlx.core as mx
 
         ids, mask = pad_batch(batch)
+        if self.host is not None:
+            packed = self.host(batch)
+            hidden = np.zeros((*ids.shape, packed.shape[-1]), dtype=np.float32)
+            hidden[mask.astype(bool)] = packed  # (rows in order, each row's tokens in order)
+            vectors = apply_dense(self.dense, pool(hidden, mask, self.pooling.modes))
+            return l2_normalize(vectors) if self.pooling.normalize else vectors
         full, sliding = (mx.array(m) for m in attention_masks(mask, self.half_window))
         body = self.model.model
         h = body.embed_tokens(mx.array(ids))
@@ -121,10 +128,12 @@ def model_classes(config: dict[str, Any]) -> tuple[type, type]:
 
 
 def load_bidirectional_embedder(model_dir: str | Path, context_length: int,
-                                widen: bool) -> BidirectionalEmbedder:
+                                widen: bool, host: bool = False) -> BidirectionalEmbedder:
     """Load the body with mlx_lm (weights named as the base model saves them, `layers.0...`,
     or as a causal one's, `model.layers.0...`), the tokenizer, and the sentence-transformers
-    files. `widen`: float32 weights (a CPU, where MLX's quantized products are slow)."""
+    files. `widen`: float32 weights (a CPU, where MLX's quantized products are slow); `host`
+    (with `widen`): the forward pass in numpy (runner/embed/host_gemma.py), where the model
+    has no rope scaling."""
     from mlx_lm.utils import load_model
 
     from mlxr.runner.tokenizer import load_tokenizer
@@ -150,10 +159,15 @@ def load_bidirectional_embedder(model_dir: str | Path, context_length: int,
     if pooling.max_seq_length:
         limits.append(pooling.max_seq_length)
     layers = int(model_config["num_hidden_layers"])
+    sliding = [(i + 1) % pattern != 0 for i in range(layers)]
+    half_window = int(model_config.get("sliding_window") or 512) // 2
+    numpy_pass = None
+    if host and widen and not model_config.get("rope_scaling"):
+        from mlxr.runner.embed.host_gemma import HostGemma
+
+        numpy_pass = HostGemma.of(model, model_config, sliding, half_window, math.sqrt(hidden))
     return BidirectionalEmbedder(
         model=model, tokenizer=tokenizer, pooling=pooling, dense=dense, max_length=min(limits),
         dim=dense[-1].weight.shape[0] if dense else width,
-        vocab_size=int(model_config["vocab_size"]),
-        half_window=int(model_config.get("sliding_window") or 512) // 2,
-        sliding=[(i + 1) % pattern != 0 for i in range(layers)],
-        embed_scale=math.sqrt(hidden))
+        vocab_size=int(model_config["vocab_size"]), half_window=half_window, sliding=sliding,
+        embed_scale=math.sqrt(hidden), host=numpy_pass)

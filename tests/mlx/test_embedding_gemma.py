@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mlxr.runner.embed import host_gemma
 from mlxr.runner.embed.bidirectional import attention_masks, load_bidirectional_embedder
 from mlxr.runner.embed.embeddings import embed
 from mlxr.shared.protocol import EmbedRequest
@@ -45,6 +46,19 @@ def test_vectors_match_transformers_alone_and_in_a_padded_batch(embedder, refere
     for tokens, row in zip(ids, expected):
         np.testing.assert_allclose(embedder.forward([tokens])[0], row, atol=1e-5)
     assert embedder.dim == 256 and len(embedder.dense) == 2
+
+
+def test_the_numpy_pass_gives_the_mlx_pass_vectors(source, embedder, reference):
+    """runner/embed/host_gemma.py (a CPU's path) against the MLX modules: the fixture's inputs
+    packed together, and one long enough for several query blocks, each with its band of keys
+    on the sliding layers."""
+    host = load_bidirectional_embedder(source, 4096, widen=True, host=True)
+    assert host.host is not None
+    ids = reference["token_ids"]
+    np.testing.assert_allclose(host.forward(ids), np.array(reference["embeddings"]), atol=1e-5)
+    long = [[1] + [int(t) for t in np.random.default_rng(3).integers(3, 2040, 700)], ids[0]]
+    assert len(long[0]) > host_gemma.QUERY_BLOCK * 2 + embedder.half_window
+    np.testing.assert_allclose(host.forward(long), embedder.forward(long), atol=1e-5)
 
 
 def test_every_token_sees_both_ways_and_the_sliding_window_is_symmetric(embedder, reference):
