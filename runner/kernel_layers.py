@@ -35,27 +35,31 @@ MAX_ROWS = 16  # one pass of the kernel takes 16 rows
 MAX_SCRATCH = 1 << 26
 
 
-class _Host:
+class Host:
     """A layer's weight as the kernel reads it, and the scratch space its wide passes share."""
 
-    def __init__(self, kernel: QuantKernel, weight: QuantizedWeight, scratch: "_Scratch"):
+    def __init__(self, kernel: QuantKernel, weight: QuantizedWeight, scratch: "Scratch"):
         self.kernel, self.weight, self.scratch = kernel, weight, scratch
 
     def product(self, x: mx.array) -> mx.array:
         """x (..., in) @ weight.T as an MLX array of x's dtype."""
         width, depth = self.weight.shape
-        rows = np.asarray(x.astype(mx.float32)).reshape(-1, depth)
+        out = self.numpy_product(np.asarray(x.astype(mx.float32)).reshape(-1, depth))
+        return mx.array(out.reshape(*x.shape[:-1], width)).astype(x.dtype)
+
+    def numpy_product(self, rows: np.ndarray) -> np.ndarray:
+        """rows (n, in) float32 @ weight.T, float32 (n, out)."""
+        width, depth = self.weight.shape
         if rows.shape[0] <= MAX_ROWS or width * depth > MAX_SCRATCH:
             out = np.empty((rows.shape[0], width), dtype=np.float32)
             self.kernel.product(self.weight, np.ascontiguousarray(rows), out)
-        else:
-            values = self.scratch.take(width, depth)
-            self.kernel.dequantize(self.weight, values)
-            out = rows @ values.T
-        return mx.array(out.reshape(*x.shape[:-1], width)).astype(x.dtype)
+            return out
+        values = self.scratch.take(width, depth)
+        self.kernel.dequantize(self.weight, values)
+        return rows @ values.T
 
 
-class _Scratch:
+class Scratch:
     """One float32 buffer for the largest layer's values, grown on demand."""
 
     def __init__(self) -> None:
@@ -68,7 +72,7 @@ class _Scratch:
 
 
 class KernelLinear(nn.QuantizedLinear):
-    host: _Host
+    host: Host
 
     def __call__(self, x):
         out = self.host.product(x)
@@ -76,7 +80,7 @@ class KernelLinear(nn.QuantizedLinear):
 
 
 class KernelEmbedding(nn.QuantizedEmbedding):
-    host: _Host
+    host: Host
 
     def as_linear(self, x):
         return self.host.product(x)
@@ -90,13 +94,13 @@ def install(model, kernel: QuantKernel | None = None) -> int:
     kernel = kernel or QuantKernel.load()
     if kernel is None:
         return 0
-    scratch, taken = _Scratch(), 0
+    scratch, taken = Scratch(), 0
     for _, module in model.named_modules():
         kind = type(module)
         if kind in (nn.QuantizedLinear, nn.QuantizedEmbedding):
             weight = QuantizedWeight.of(module)
             if weight is not None:
-                module.host = _Host(kernel, weight, scratch)
+                module.host = Host(kernel, weight, scratch)
                 module.__class__ = KernelLinear if kind is nn.QuantizedLinear \
                     else KernelEmbedding
                 taken += 1

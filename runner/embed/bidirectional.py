@@ -127,6 +127,18 @@ def model_classes(config: dict[str, Any]) -> tuple[type, type]:
     return BaseNamed, args_class
 
 
+def _all_on_kernel(model) -> bool:
+    """Whether `model` has quantized layers and the quantized kernel takes every one of them
+    (then the numpy pass keeps them packed; otherwise the model is widened whole)."""
+    import mlx.nn as nn
+
+    from mlxr.runner.quant_kernel import QuantKernel, takes
+
+    quantized = [m for _, m in model.named_modules()
+                 if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+    return bool(quantized) and QuantKernel.load() is not None and all(map(takes, quantized))
+
+
 def load_bidirectional_embedder(model_dir: str | Path, context_length: int,
                                 widen: bool, host: bool = False) -> BidirectionalEmbedder:
     """Load the body with mlx_lm (weights named as the base model saves them, `layers.0...`,
@@ -137,7 +149,7 @@ def load_bidirectional_embedder(model_dir: str | Path, context_length: int,
     from mlx_lm.utils import load_model
 
     from mlxr.runner.tokenizer import load_tokenizer
-    from mlxr.runner.weights import widen as widen_model
+    from mlxr.runner.weights import widen as widen_model, widen_around_kernel
 
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
@@ -147,7 +159,10 @@ def load_bidirectional_embedder(model_dir: str | Path, context_length: int,
     pattern = sliding_pattern(config)
     model, model_config = load_model(model_dir, model_config={"sliding_window_pattern": pattern},
                                      get_model_classes=model_classes)
-    if widen:
+    numpy_pass = host and widen and not model_config.get("rope_scaling")
+    if numpy_pass and _all_on_kernel(model):
+        widen_around_kernel(model)  # the numpy pass reads 4- and 8-bit layers as they are
+    elif widen:
         widen_model(model)
     tokenizer = load_tokenizer(model_dir, model_config, model)
     pooling = read_pooling_config(model_dir)
@@ -161,8 +176,7 @@ def load_bidirectional_embedder(model_dir: str | Path, context_length: int,
     layers = int(model_config["num_hidden_layers"])
     sliding = [(i + 1) % pattern != 0 for i in range(layers)]
     half_window = int(model_config.get("sliding_window") or 512) // 2
-    numpy_pass = None
-    if host and widen and not model_config.get("rope_scaling"):
+    if numpy_pass:
         from mlxr.runner.embed.host_gemma import HostGemma
 
         numpy_pass = HostGemma.of(model, model_config, sliding, half_window, math.sqrt(hidden))
@@ -170,4 +184,4 @@ def load_bidirectional_embedder(model_dir: str | Path, context_length: int,
         model=model, tokenizer=tokenizer, pooling=pooling, dense=dense, max_length=min(limits),
         dim=dense[-1].weight.shape[0] if dense else width,
         vocab_size=int(model_config["vocab_size"]), half_window=half_window, sliding=sliding,
-        embed_scale=math.sqrt(hidden), host=numpy_pass)
+        embed_scale=math.sqrt(hidden), host=numpy_pass or None)

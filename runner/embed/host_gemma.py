@@ -7,6 +7,10 @@ layers of many small operations), where its products, read once, take about 30 m
 - The inputs are packed: every real token of the batch is one row of each product, so no
   product computes padding (the row kernel for up to ROW_KERNEL_ROWS rows, else BLAS).
 - q, k and v are one product, gate and up another (their weights joined once at load).
+- A 4- or 8-bit model (a Q8_0 or Q4_0 GGUF) keeps its packed weights: its products are the
+  quantized kernel's (runner/kernel_layers.py's `Host`: one pass a 16 rows, or the weight
+  dequantized into a shared scratch buffer for BLAS), read at a quarter or an eighth of
+  float32's bytes; its embedding rows are dequantized as they are looked up.
 - Attention goes a sequence and a block of queries at a time: all of the sequence's keys on a
   global layer, those within `half_window` either side on a sliding one (a band of keys is
   sliced, so a long input's sliding layers cost its window, not its length).
@@ -23,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from mlxr.runner.embed.host_encoder import ROW_KERNEL_ROWS, RowOps, _np
+from mlxr.runner.kernel_layers import Host, Scratch
+from mlxr.runner.quant_kernel import QuantizedWeight, QuantKernel
 from mlxr.runner.row_kernel import RowKernel
 
 QUERY_BLOCK = 256
@@ -40,12 +46,17 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(_GELU_C * (x + np.float32(0.044715) * x * x * x)))
 
 
+# A weight: float32 (out, in), a quantized one on the kernel (`Host`), or several whose
+# outputs are joined (quantized q, k and v).
+Weight = Any
+
+
 @dataclass(slots=True)
 class _Layer:
-    qkv: np.ndarray  # (q + k + v rows, hidden)
-    out: np.ndarray
-    gate_up: np.ndarray  # (2 * intermediate, hidden)
-    down: np.ndarray
+    qkv: Weight  # (q + k + v rows, hidden)
+    out: Weight
+    gate_up: Weight  # (2 * intermediate, hidden)
+    down: Weight
     input_norm: np.ndarray  # 1 + w, float32
     post_attention_norm: np.ndarray
     pre_mlp_norm: np.ndarray
@@ -59,7 +70,7 @@ class _Layer:
 class HostGemma:
     """Packed token ids -> the body's last hidden states (after the final norm), float32."""
 
-    def __init__(self, *, embed: np.ndarray, embed_scale: float, layers: list[_Layer],
+    def __init__(self, *, embed: Any, embed_scale: float, layers: list[_Layer],
                  norm: np.ndarray, heads: int, kv_heads: int, head_dim: int, eps: float,
                  scale: float, half_window: int):
         self.embed, self.embed_scale, self.layers, self.norm = embed, embed_scale, layers, norm
@@ -71,29 +82,38 @@ class HostGemma:
     @classmethod
     def of(cls, model: Any, config: dict[str, Any], sliding: list[bool],
            half_window: int, embed_scale: float) -> "HostGemma":
-        """Views of a widened (float32) mlx_lm gemma3_text model's weights; q/k/v and gate/up
-        joined in copies."""
+        """Views of an mlx_lm gemma3_text model's float32 weights (q/k/v and gate/up joined
+        in copies), or its quantized layers the kernel takes, as they are stored (the model
+        widened around them: runner/weights.py `widen_around_kernel`)."""
         body = model.model
         args = model.args
+        scratch = Scratch()
 
         def one_plus(norm) -> np.ndarray:
             return (1.0 + _np(norm.weight)).astype(np.float32)
+
+        def joined(*modules) -> Weight:
+            weights = [_weight(m, scratch) for m in modules]
+            if len(weights) == 1:
+                return weights[0]
+            if all(isinstance(w, np.ndarray) for w in weights):
+                return np.concatenate(weights)
+            return weights
 
         layers = []
         for layer, is_sliding in zip(body.layers, sliding):
             a, mlp = layer.self_attn, layer.mlp
             layers.append(_Layer(
-                qkv=np.concatenate([_np(p.weight) for p in (a.q_proj, a.k_proj, a.v_proj)]),
-                out=_np(a.o_proj.weight),
-                gate_up=np.concatenate([_np(mlp.gate_proj.weight), _np(mlp.up_proj.weight)]),
-                down=_np(mlp.down_proj.weight),
+                qkv=joined(a.q_proj, a.k_proj, a.v_proj), out=joined(a.o_proj),
+                gate_up=joined(mlp.gate_proj, mlp.up_proj), down=joined(mlp.down_proj),
                 input_norm=one_plus(layer.input_layernorm),
                 post_attention_norm=one_plus(layer.post_attention_layernorm),
                 pre_mlp_norm=one_plus(layer.pre_feedforward_layernorm),
                 post_mlp_norm=one_plus(layer.post_feedforward_layernorm),
                 q_norm=one_plus(a.q_norm), k_norm=one_plus(a.k_norm), sliding=is_sliding,
                 rope_base=float(args.rope_local_base_freq if is_sliding else args.rope_theta)))
-        return cls(embed=_np(body.embed_tokens.weight), embed_scale=embed_scale, layers=layers,
+        return cls(embed=_weight(body.embed_tokens, scratch), embed_scale=embed_scale,
+                   layers=layers,
                    norm=one_plus(body.norm), heads=args.num_attention_heads,
                    kv_heads=args.num_key_value_heads, head_dim=args.head_dim,
                    eps=args.rms_norm_eps, scale=args.query_pre_attn_scalar ** -0.5,
@@ -104,7 +124,11 @@ class HostGemma:
         lengths = [len(ids) for ids in batch]
         starts = np.cumsum([0, *lengths])
         positions = np.concatenate([np.arange(n) for n in lengths])
-        x = self.embed[np.concatenate([np.asarray(ids) for ids in batch])]
+        tokens = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in batch])
+        if isinstance(self.embed, np.ndarray):
+            x = self.embed[tokens]
+        else:  # quantized: the rows dequantized
+            x = self.embed.weight[tokens]
         x = x * np.float32(self.embed_scale)
         ropes = {base: _rope(positions, self.head_dim, base)
                  for base in {layer.rope_base for layer in self.layers}}
@@ -129,8 +153,12 @@ class HostGemma:
             x = x + rms_norm(self._product(act, layer.down), layer.post_mlp_norm, self.eps)
         return rms_norm(x, self.norm, self.eps)
 
-    def _product(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    def _product(self, x: np.ndarray, weight: Weight) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
+        if isinstance(weight, list):
+            return np.concatenate([self._product(x, w) for w in weight], axis=1)
+        if not isinstance(weight, np.ndarray):
+            return weight.numpy_product(x)
         if self.rows is None or x.shape[0] > ROW_KERNEL_ROWS:
             return x @ weight.T
         out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)
@@ -170,6 +198,19 @@ class HostGemma:
             result = result.reshape(self.kv_heads, group, stop - start, self.head_dim)
             out[start:stop] = result.transpose(2, 0, 1, 3).reshape(stop - start, self.heads,
                                                                    self.head_dim)
+
+
+def _weight(module: Any, scratch: Scratch) -> Weight:
+    """A layer's weight: its packed values on the quantized kernel where it is a 4- or 8-bit
+    layer the kernel takes, else float32 (a view)."""
+    import mlx.nn as nn
+
+    if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        kernel, weight = QuantKernel.load(), QuantizedWeight.of(module)
+        if kernel is None or weight is None:
+            raise ValueError("a quantized layer the kernel does not take: widen the model")
+        return Host(kernel, weight, scratch)
+    return _np(module.weight)
 
 
 def _rope(positions: np.ndarray, dims: int, base: float) -> tuple[np.ndarray, np.ndarray]:

@@ -14,6 +14,7 @@ import pytest
 from mlxr.runner.embed import host_gemma
 from mlxr.runner.embed.bidirectional import attention_masks, load_bidirectional_embedder
 from mlxr.runner.embed.embeddings import embed
+from mlxr.runner.kernel_layers import Host
 from mlxr.shared.protocol import EmbedRequest
 from mlxr.supervisor.store.gguf.convert import convert
 from mlxr.supervisor.store.gguf.write import write_gguf
@@ -108,6 +109,10 @@ def test_a_gguf_in_llama_cpps_layout_gives_the_same_vectors(source, reference, t
                                .forward(ids), expected, atol=1e-5)
     convert(write_gguf(source, tmp_path / "q8.gguf", "Q8_0"), tmp_path / "q8")
     q8 = load_bidirectional_embedder(tmp_path / "q8", 4096, True).forward(ids)
+    # the numpy pass keeps the 8-bit layers packed, on the quantized kernel
+    packed = load_bidirectional_embedder(tmp_path / "q8", 4096, True, host=True)
+    assert isinstance(packed.host.layers[0].out, Host)
+    np.testing.assert_allclose(packed.forward(ids), q8, atol=1e-5)
     cosines = (q8 * expected).sum(axis=1)
     # 8-bit weights through 6 random layers: 0.999, 0.995, 0.988 (llama-server on llama.cpp's
     # own Q8_0 file of this model: 0.998 and 0.994 on the first two)
