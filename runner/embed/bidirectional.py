@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from mlxr.shared.errors import UnsupportedModel
+from mlxr.shared.model_classes import base_named_classes
 from mlxr.shared.sentence_transformers import PoolingConfig, read_pooling_config
 from mlxr.runner.embed.dense import DenseLayer, apply_dense, load_dense
 from mlxr.runner.embed.embeddings import _fit, pad_batch
@@ -110,23 +111,6 @@ class BidirectionalEmbedder:
         return l2_normalize(vectors) if self.pooling.normalize else vectors
 
 
-def model_classes(config: dict[str, Any]) -> tuple[type, type]:
-    """mlx_lm's model class for `config`, taking weights named as the base model saves them
-    (`layers.0...`, `embed_tokens...`) as well as mlx_lm's own (`model.layers.0...`): for
-    mlx_lm.utils.load_model's `get_model_classes`."""
-    from mlx_lm.utils import _get_classes
-
-    model_class, args_class = _get_classes(config)
-
-    class BaseNamed(model_class):
-        def sanitize(self, weights):
-            weights = {k if k.startswith(("model.", "lm_head.")) else f"model.{k}": v
-                       for k, v in weights.items()}
-            return super().sanitize(weights)
-
-    return BaseNamed, args_class
-
-
 def _all_on_kernel(model) -> bool:
     """Whether `model` has quantized layers and the quantized kernel takes every one of them
     (then the numpy pass keeps them packed; otherwise the model is widened whole)."""
@@ -158,7 +142,7 @@ def load_bidirectional_embedder(model_dir: str | Path, context_length: int,
                                "model is not supported (mlxr serves it in gemma3_text)")
     pattern = sliding_pattern(config)
     model, model_config = load_model(model_dir, model_config={"sliding_window_pattern": pattern},
-                                     get_model_classes=model_classes)
+                                     get_model_classes=base_named_classes)
     numpy_pass = host and widen and not model_config.get("rope_scaling")
     if numpy_pass and _all_on_kernel(model):
         widen_around_kernel(model)  # the numpy pass reads 4- and 8-bit layers as they are

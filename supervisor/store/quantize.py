@@ -64,7 +64,7 @@ def quantize_dir(src: Path, dst: Path, bits: int, group_size: int = DEFAULT_GROU
     if json.loads((src / "config.json").read_text()).get("use_bidirectional_attention"):
         # EmbeddingGemma: weights named as its base model saves them (its Dense modules, in
         # their folders, stay as they are: the caller keeps them)
-        from mlxr.runner.embed.bidirectional import model_classes as classes
+        from mlxr.shared.model_classes import base_named_classes as classes
     model, config = load_model(src, lazy=True, get_model_classes=classes)
     if "quantization" in config or "quantization_config" in config:
         raise SystemExit("model is already quantized")
