@@ -17,7 +17,6 @@ NaN, and NaN times a pooling weight of 0 is still NaN).
 from __future__ import annotations
 
 import json
-import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,11 +27,9 @@ import numpy as np
 from mlxr.shared.errors import UnsupportedModel
 from mlxr.shared.model_classes import base_named_classes
 from mlxr.shared.sentence_transformers import PoolingConfig, read_pooling_config
-from mlxr.runner.embed.dense import DenseLayer, apply_dense, load_dense
-from mlxr.runner.embed.embeddings import _fit, pad_batch
-from mlxr.runner.embed.pooling import l2_normalize, pool
-
-log = logging.getLogger("mlxr.runner")
+from mlxr.runner.embed.dense import DenseLayer, load_dense
+from mlxr.runner.embed.embeddings import _fit, finish, pad_batch
+from mlxr.runner.embed.pooling import pool
 
 MODEL_TYPES = ("gemma3_text",)
 
@@ -97,8 +94,7 @@ class BidirectionalEmbedder:
             packed = self.host(batch)
             hidden = np.zeros((*ids.shape, packed.shape[-1]), dtype=np.float32)
             hidden[mask.astype(bool)] = packed  # (rows in order, each row's tokens in order)
-            vectors = apply_dense(self.dense, pool(hidden, mask, self.pooling.modes))
-            return l2_normalize(vectors) if self.pooling.normalize else vectors
+            return finish(pool(hidden, mask, self.pooling.modes), self.pooling, self.dense)
         full, sliding = (mx.array(m) for m in attention_masks(mask, self.half_window))
         body = self.model.model
         h = body.embed_tokens(mx.array(ids))
@@ -106,9 +102,8 @@ class BidirectionalEmbedder:
         for layer, is_sliding in zip(body.layers, self.sliding):
             h = layer(h, sliding if is_sliding else full, None)
         hidden = body.norm(h).astype(mx.float32)
-        vectors = np.array(pool(hidden, mx.array(mask), self.pooling.modes))
-        vectors = apply_dense(self.dense, vectors)
-        return l2_normalize(vectors) if self.pooling.normalize else vectors
+        return finish(np.array(pool(hidden, mx.array(mask), self.pooling.modes)), self.pooling,
+                      self.dense)
 
 
 def _all_on_kernel(model) -> bool:
