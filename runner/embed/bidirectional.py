@@ -158,7 +158,7 @@ def load_bidirectional_embedder(model_dir: str | Path, context_length: int,
     if numpy_pass:
         from mlxr.runner.embed.host_gemma import HostGemma
 
-        numpy_pass = HostGemma.of(model, model_config, sliding, half_window, math.sqrt(hidden))
+        numpy_pass = HostGemma.of(model, sliding, half_window, math.sqrt(hidden))
     return BidirectionalEmbedder(
         model=model, tokenizer=tokenizer, pooling=pooling, dense=dense, max_length=min(limits),
         dim=dense[-1].weight.shape[0] if dense else width,

@@ -80,8 +80,8 @@ class HostGemma:
         self.ops = RowOps.load()  # None: numpy's softmax
 
     @classmethod
-    def of(cls, model: Any, config: dict[str, Any], sliding: list[bool],
-           half_window: int, embed_scale: float) -> "HostGemma":
+    def of(cls, model: Any, sliding: list[bool], half_window: int,
+           embed_scale: float) -> "HostGemma":
         """Views of an mlx_lm gemma3_text model's float32 weights (q/k/v and gate/up joined
         in copies), or its quantized layers the kernel takes, as they are stored (the model
         widened around them: runner/weights.py `widen_around_kernel`)."""
@@ -113,8 +113,7 @@ class HostGemma:
                 q_norm=one_plus(a.q_norm), k_norm=one_plus(a.k_norm), sliding=is_sliding,
                 rope_base=float(args.rope_local_base_freq if is_sliding else args.rope_theta)))
         return cls(embed=_weight(body.embed_tokens, scratch), embed_scale=embed_scale,
-                   layers=layers,
-                   norm=one_plus(body.norm), heads=args.num_attention_heads,
+                   layers=layers, norm=one_plus(body.norm), heads=args.num_attention_heads,
                    kv_heads=args.num_key_value_heads, head_dim=args.head_dim,
                    eps=args.rms_norm_eps, scale=args.query_pre_attn_scalar ** -0.5,
                    half_window=half_window)
