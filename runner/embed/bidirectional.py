@@ -28,7 +28,7 @@ from mlxr.shared.errors import UnsupportedModel
 from mlxr.shared.model_classes import base_named_classes
 from mlxr.shared.sentence_transformers import PoolingConfig, read_pooling_config
 from mlxr.runner.embed.dense import DenseLayer, load_dense
-from mlxr.runner.embed.embeddings import _fit, finish, pad_batch
+from mlxr.runner.embed.embeddings import _fit, finish, out_width, pad_batch
 from mlxr.runner.embed.pooling import pool
 
 MODEL_TYPES = ("gemma3_text",)
@@ -161,6 +161,6 @@ def load_bidirectional_embedder(model_dir: str | Path, context_length: int,
         numpy_pass = HostGemma.of(model, sliding, half_window, math.sqrt(hidden))
     return BidirectionalEmbedder(
         model=model, tokenizer=tokenizer, pooling=pooling, dense=dense, max_length=min(limits),
-        dim=dense[-1].weight.shape[0] if dense else width,
+        dim=out_width(dense, width),
         vocab_size=int(model_config["vocab_size"]), half_window=half_window, sliding=sliding,
         embed_scale=math.sqrt(hidden), host=numpy_pass or None)
