@@ -1,10 +1,11 @@
 """`python -m mlxr.runner --model DIR --port P` (or `--config JSON`): serve one model.
 
-`python -m mlxr.runner --spare`: a spare runner. It imports what loading needs (MLX, mlx-lm,
-transformers: 1.5-2.5 s of a 4-6 s load on the 2-core EPYC), then waits for its settings as one
-JSON line on stdin (a RunnerConfig) and serves them; the supervisor keeps one ready, so a
-load does not wait for Python and its imports (supervisor/runners/spare.py). Its BLAS is the
-one preloaded in its environment: a spare never re-executes itself.
+`python -m mlxr.runner --spare`: a spare runner. It imports what loading needs (MLX, mlx-lm's
+model code: about 1 s on the 2-core EPYC; no transformers, see runner/mlx_lm_import.py), then
+waits for its settings as one JSON line on stdin (a RunnerConfig) and serves them; the
+supervisor keeps one ready, so a load does not wait for Python and its imports
+(supervisor/runners/spare.py). Its BLAS is the one preloaded in its environment: a spare never
+re-executes itself.
 
 Every request needs the runner's secret (docs/protocol.md): started by the supervisor, it is
 the first line on stdin; by hand, `--token-file FILE` (made if missing), else a fresh one is
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from mlxr.runner import heap
+from mlxr.runner import heap, mlx_lm_import
 from mlxr.shared.blas import choose, preload_env
 from mlxr.shared.config import RunnerConfig, Settings
 from mlxr.shared.runner_auth import new_token_file, read_token_line, token_from_file
@@ -134,12 +135,12 @@ def _token(config: RunnerConfig) -> tuple[str, Path | None]:
 
 def _import_for_load() -> None:
     """Import what serving and runner/loader.py's `load_model` import, before any model is
-    named: MLX, mlx-lm, and transformers under it, whose import reads the headers of its
-    ~3,000 model files."""
+    named: MLX, mlx-lm's model code, `tokenizers`. (Transformers only where a tokenizer needs
+    it, at load: runner/tokenizer.py.)"""
     import mlx.core  # noqa: F401
     import mlx_lm.models.cache  # noqa: F401
     import mlx_lm.utils  # noqa: F401
-    import transformers
+    import tokenizers  # noqa: F401
 
     import mlxr.runner.embed.embeddings  # noqa: F401
     import mlxr.runner.host_body  # noqa: F401
@@ -147,8 +148,6 @@ def _import_for_load() -> None:
     import mlxr.runner.probe_reference  # noqa: F401
     import mlxr.runner.server  # noqa: F401
     import mlxr.runner.weights  # noqa: F401
-
-    transformers.AutoTokenizer  # a lazy attribute: this imports its module
 
 
 def _wait_as_spare() -> RunnerConfig:
@@ -178,6 +177,7 @@ def _wait_as_spare() -> RunnerConfig:
 def main(argv: list[str] | None = None) -> None:
     parent = int(os.environ.pop(PARENT_ENV, "0")) or os.getppid()
     argv = sys.argv[1:] if argv is None else argv
+    mlx_lm_import.install()  # before anything imports mlx_lm
     _set_death_signal(parent)
     if argv == ["--spare"]:
         heap.keep_freed()

@@ -103,9 +103,8 @@ GEMMA4_TOKENS = ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|
 
 def structural_ids(tokenizer) -> set[int]:
     """Ids of a format's structural tokens when the tokenizer has them all, else none."""
-    vocab = getattr(getattr(tokenizer, "hf", None), "added_tokens_encoder", None) or {}
     for tokens in (STRUCTURAL_TOKENS, GEMMA4_TOKENS):
-        ids = {vocab.get(t) for t in tokens}
+        ids = {tokenizer.added_id(t) for t in tokens}
         if None not in ids:
             return ids
     return set()
@@ -116,7 +115,6 @@ def output_decode(tokenizer) -> Decode:
     keep = structural_ids(tokenizer)
     if not keep:
         return fast_decode(tokenizer, skip_special=True)
-    added = tokenizer.hf.added_tokens_decoder
-    drop = frozenset(i for i, token in added.items() if token.special and i not in keep)
+    drop = frozenset(tokenizer.special_ids() - keep)
     raw = fast_decode(tokenizer, skip_special=False)
     return lambda ids: raw([i for i in ids if i not in drop])

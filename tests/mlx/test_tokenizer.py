@@ -1,11 +1,15 @@
 """The runner's tokenizer (runner/tokenizer.py) against mlx-lm's `load_tokenizer`, which it
 replaced: the same ids for prompts with and without special tokens, the same text back, the same
-end-of-sequence ids and BOS, on the vendored Qwen3 tokenizer and the small BPE and
-SentencePiece-style tokenizers of the store's random models."""
+end-of-sequence ids and BOS, on the vendored Qwen3 tokenizer and the small BPE, SentencePiece-
+style, harmony and Gemma 4 tokenizers of the store's random models. Those load through
+`tokenizers` alone; tokenizers transformers builds its own way load through it, and give
+mlx-lm's ids either way."""
 
 from __future__ import annotations
 
 import json
+import random
+import shutil
 
 import pytest
 from mlx_lm.utils import load_model
@@ -15,16 +19,27 @@ from mlxr.runner.tokenizer import load_tokenizer
 from mlxr.supervisor.store.random_model import write_random_model
 
 TEXTS = ["Hello, world!", "  two leading spaces and a tab\there", "naïve café ☕ 日本語",
-         "<|im_start|>user\nhi<|im_end|>\n", "<s>[INST] x [/INST]", ""]
+         "<|im_start|>user\nhi<|im_end|>\n", "<s>[INST] x [/INST]", "", " ", "\n\n\r\n",
+         "I'm sure they've a . b , c ! d ?", "<bos><eos><pad><start_of_turn>user\nhello",
+         "<|start|>assistant<|channel|>final<|message|>x<|return|>", "👍🏽 \u200b 3.14159"]
+_rng = random.Random(0)
+TEXTS += ["".join(_rng.choice("ab XY éü日<>|_!?.,'\n\t09") for _ in range(_rng.randint(1, 30)))
+          for _ in range(40)]
 
 
-@pytest.fixture(scope="module", params=["tiny", "llama", "mistral", "gemma3"])
+@pytest.fixture(scope="module", params=["tiny", "llama", "mistral", "gemma3", "gpt_oss",
+                                        "gemma4"])
 def pair(request, tmp_path_factory):
     path = write_random_model(tmp_path_factory.mktemp("tok") / request.param, request.param)
     model, config = load_model(path, lazy=True)
     ours = load_tokenizer(path, config, model)
     theirs = mlx_lm_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     return ours, theirs, config
+
+
+def test_the_store_s_tokenizers_load_without_transformers(pair):
+    ours, _, _ = pair
+    assert ours.hf is None and ours.backend is not None
 
 
 @pytest.mark.parametrize("special", [True, False])
@@ -57,12 +72,12 @@ def test_end_ids_come_from_the_config_then_the_tokenizer(tmp_path):
     path = write_random_model(tmp_path / "m", "tiny")
     model, config = load_model(path, lazy=True)
     tok = load_tokenizer(path, config, model)
-    own = tok.hf.eos_token_id
+    own = tok.eos_token_id
     assert load_tokenizer(path, {**config, "eos_token_id": 7}, model).eos_token_ids == {7, own}
     assert load_tokenizer(path, {**config, "eos_token_id": [7, 9]}).eos_token_ids == {7, 9, own}
     assert load_tokenizer(path, {"model_type": "qwen3"}).eos_token_ids == {own}
     cfg = json.loads((path / "tokenizer_config.json").read_text())
-    assert tok.hf.eos_token == (cfg["eos_token"] if isinstance(cfg["eos_token"], str)
+    assert tok.eos_token == (cfg["eos_token"] if isinstance(cfg["eos_token"], str)
                                 else cfg["eos_token"]["content"])
 
 
@@ -85,3 +100,51 @@ def test_generated_text_keeps_harmonys_structural_tokens_and_skips_the_other_spe
     tokenizer = load_tokenizer(qwen, config, model)
     ids = tokenizer.encode("<|im_start|>user hi<|im_end|>", add_special_tokens=False)
     assert output_decode(tokenizer)(ids) == "user hi"
+
+
+def _variant(src, dest, settings=None, tokenizer=None):
+    shutil.copytree(src, dest)
+    for name, changes in (("tokenizer_config.json", settings), ("tokenizer.json", tokenizer)):
+        if changes:
+            data = json.loads((dest / name).read_text())
+            data.update(changes)
+            (dest / name).write_text(json.dumps(data))
+    return dest
+
+
+@pytest.mark.parametrize("preset,settings,tokenizer", [
+    ("gemma3", {"add_bos_token": False}, None),  # the post-processor adds BOS regardless
+    ("llama", {"add_eos_token": True}, None),
+    ("tiny", {"add_bos_token": True, "bos_token": "<|im_start|>"}, None),
+    ("llama", {"tokenizer_class": "LlamaTokenizer"}, None),  # a class transformers builds
+    ("tiny", None, {"normalizer": None}),  # not the pipeline Qwen2Tokenizer builds
+    ("tiny", {"added_tokens_decoder": {"5": {"content": "<x>", "special": True}}}, None),
+])
+def test_tokenizers_transformers_builds_otherwise_load_through_it(tmp_path, preset, settings,
+                                                                   tokenizer):
+    path = _variant(write_random_model(tmp_path / "m", preset), tmp_path / "v", settings,
+                    tokenizer)
+    model, config = load_model(path, lazy=True)
+    ours = load_tokenizer(path, config, model)
+    assert ours.hf is not None
+    theirs = mlx_lm_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    for text in TEXTS[:12]:
+        assert ours.encode(text) == theirs.encode(text), text
+        assert ours.decode(ours.encode(text)) == theirs.decode(theirs.encode(text))
+
+
+def test_a_named_special_token_of_the_vocabulary_becomes_an_added_special_one(tmp_path):
+    """transformers marks a named special token special even where tokenizer.json lists it as
+    a plain vocabulary entry: skipped on decode, matched whole in text."""
+    src = write_random_model(tmp_path / "m", "tiny")
+    spec = json.loads((src / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    name = next(t for t in vocab if len(t) > 3 and t.isalpha())
+    path = _variant(src, tmp_path / "v", {"additional_special_tokens": [name]})
+    ours = load_tokenizer(path, {})
+    theirs = mlx_lm_tokenizer(path)
+    assert ours.hf is None and vocab[name] in ours.special_ids()
+    text = f"say {name}{name} now"
+    assert ours.encode(text) == theirs.encode(text)
+    assert ours.decode(ours.encode(text), skip_special_tokens=True) == \
+        theirs.decode(theirs.encode(text), skip_special_tokens=True)
