@@ -67,6 +67,7 @@ ROUTES = [
     # Ollama's API
     web.get("/", ollama.root),
     web.get("/api/version", ollama.version),
+    web.get("/api/status", ollama.status),
     web.post("/api/generate", ollama.generate),
     web.post("/api/chat", ollama.chat),
     web.get("/api/ps", ollama.ps),

@@ -31,7 +31,7 @@ from mlxr.shared.errors import Forbidden, MlxrError, ServerBusy, Unauthorized
 
 log = logging.getLogger("mlxr.http")
 
-OPEN_PATHS = ("/", "/api/version", "/metrics", "/health", "/ready",
+OPEN_PATHS = ("/", "/api/version", "/api/status", "/metrics", "/health", "/ready",
               # the dashboard's page and files hold no data; its feed and API calls need the key
               "/ui", "/ui/")
 OPEN_PREFIXES = ("/ui/static/",)

@@ -214,5 +214,12 @@ async def version(request: web.Request) -> web.Response:
                               "mlxr_version": request.app[VERSION]})
 
 
+async def status(request: web.Request) -> web.Response:
+    """Ollama's `GET /api/status` (its client's `CloudStatusExperimental`; `ollama launch`
+    asks it before offering cloud models). mlxr runs local models only, so its cloud is
+    always off; `source` "none": no setting turned it off, there is none to turn on."""
+    return web.json_response({"cloud": {"disabled": True, "source": "none"}})
+
+
 async def root(request: web.Request) -> web.Response:
     return web.Response(text="Ollama is running")

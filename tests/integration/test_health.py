@@ -25,6 +25,7 @@ def test_ready_only_once_the_store_has_a_model(server, tiny_model):
     assert r.json()["checks"] == {"store": "ok", "models": 0, "runner": "ok"}
     assert "no model to serve" in r.json()["error"]
     assert http.get("/api/tags").status_code == 401  # the key still guards the API
+    assert http.get("/api/status").json()["cloud"]["disabled"] is True  # no data: open
     admin = server.client(headers={"Authorization": "Bearer sesame"})
     assert admin.create(model="tiny", from_=str(tiny_model)).status == "success"
     r = http.get("/ready")

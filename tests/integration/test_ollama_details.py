@@ -187,6 +187,15 @@ def test_version_is_the_ollama_api_version(server):
     assert body["version"] == "0.32.15" and body["mlxr_version"]
 
 
+def test_status_says_the_cloud_is_off(server):
+    """`ollama launch` reads it to leave cloud models out; mlxr serves none."""
+    with server.http() as http:
+        reply = http.get("/api/status")
+        assert reply.status_code == 200
+        assert reply.json() == {"cloud": {"disabled": True, "source": "none"}}
+        assert http.head("/api/status").status_code == 200
+
+
 # -- 7. logprobs bytes, load_duration ----------------------------------------------------------
 
 def test_logprobs_carry_bytes_and_load_duration_is_measured(client, server):
