@@ -103,8 +103,11 @@ GEMMA4_TOKENS = ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|
 
 def structural_ids(tokenizer) -> set[int]:
     """Ids of a format's structural tokens when the tokenizer has them all, else none."""
+    added_id = getattr(tokenizer, "added_id", None)  # an encoder's tokenizer has no chat format
+    if added_id is None:
+        return set()
     for tokens in (STRUCTURAL_TOKENS, GEMMA4_TOKENS):
-        ids = {tokenizer.added_id(t) for t in tokens}
+        ids = {added_id(t) for t in tokens}
         if None not in ids:
             return ids
     return set()
