@@ -202,10 +202,8 @@ def test_compiled_grammars_are_cached_and_copied(compiler, backend):
 
 
 def test_compiler_is_built_once_per_tokenizer(backend):
-    class Hf:  # a fast transformers tokenizer
-        backend_tokenizer = backend
-
-    wrapper = Tokenizer(Hf(), {151645, 151643})
+    wrapper = Tokenizer(backend=backend, eos_token_ids={151645, 151643}, bos_token=None,
+                        model_max_length=0, added_tokens={}, eos_token_id=None, eos_token=None)
     built: list[GrammarCompiler] = []
     threads = [threading.Thread(target=lambda: built.append(compiler_for(wrapper, VOCAB)))
                for _ in range(3)]
