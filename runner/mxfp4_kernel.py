@@ -155,9 +155,10 @@ def install(model) -> int:
 
     if mx.default_device().type != mx.DeviceType.cpu:
         return 0
-    blocks = [layer.mlp for layer in getattr(model, "layers", ())
-              if type(layer.mlp).__name__ == "MLPBlock" and hasattr(layer.mlp, "experts")
-              and all(takes(getattr(layer.mlp.experts, f"{p}_proj", None))
+    mlps = [getattr(layer, "mlp", None) for layer in getattr(model, "layers", ())]
+    blocks = [mlp for mlp in mlps  # (a Mixtral layer has `block_sparse_moe` instead)
+              if type(mlp).__name__ == "MLPBlock" and hasattr(mlp, "experts")
+              and all(takes(getattr(mlp.experts, f"{p}_proj", None))
                       for p in ("gate", "up", "down"))]
     kernel = Mxfp4Kernel.load() if blocks else None
     if kernel is None:

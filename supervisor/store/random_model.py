@@ -42,12 +42,12 @@ EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
 SMALL_VOCAB = 2048
 DTYPES = ("float32", "bfloat16")
 ARCH_NAMES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite",
-              "qwen3_moe", "gpt_oss", "gemma4")
+              "qwen3_moe", "gpt_oss", "gemma4", "mixtral")
 # Presets of an architecture beyond the one named after it (a variant of that family).
 VARIANT_PRESETS = ("gemma4-moe", "embeddinggemma")
 TOKENIZER_KIND = {"llama": "bpe", "qwen2": "bpe", "qwen3": "bpe", "granite": "bpe",
                   "qwen3_moe": "bpe", "gpt_oss": "harmony", "gemma4": "gemma4",
-                  "mistral": "spm", "gemma2": "spm", "gemma3": "spm", "phi3": "spm"}
+                  "mistral": "spm", "mixtral": "spm", "gemma2": "spm", "gemma3": "spm", "phi3": "spm"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +109,9 @@ PRESETS: dict[str, Preset] = {
     # Qwen3's mixture of experts (Qwen3-30B-A3B's family): 8 experts a layer, 2 used a token.
     "qwen3_moe": _arch("qwen3_moe", False, heads=8, note=", 8 experts (2 a token) a layer",
                        experts=8),
+    # Mixtral's layout (Mistral's mixtures): every layer 4 experts, 2 a token, Hugging Face's
+    # per-expert names (`block_sparse_moe.experts.E.w1`); a "llama" GGUF with experts.
+    "mixtral": _arch("mixtral", False, note=", 4 experts (2 a token) a layer", experts=4),
     # gpt-oss (OpenAI's open-weight mixtures): 8 experts a layer, 2 used a token; biases on
     # every projection, the router and the experts; attention sinks; sliding window 64 on
     # every other layer from the first; the harmony chat format.
@@ -212,6 +215,8 @@ ARCH_SETTINGS: dict[str, dict[str, Any]] = {
              "original_max_position_embeddings": 4096, "sliding_window": None,
              "rope_scaling": {"type": "longrope", "long_factor": _long_factors(32),
                               "short_factor": [1.0 + i / 64 for i in range(32)]}},
+    "mixtral": {"architectures": ["MixtralForCausalLM"], "rope_theta": 1000000.0,
+                "rms_norm_eps": 1e-5, "max_position_embeddings": 32768},
     "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "rope_theta": 1000000.0,
                   "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
                   "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True},
@@ -252,6 +257,9 @@ def arch_config(preset: Preset, tokenizer, dtype: str) -> dict:
                    "moe_intermediate_size": preset.expert_intermediate,
                    "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
                    "use_double_wide_mlp": False}
+    if preset.arch == "mixtral":  # `intermediate_size` is an expert's
+        moe = {"num_local_experts": preset.experts, "num_experts_per_tok": preset.experts_used,
+               "intermediate_size": preset.expert_intermediate}
     if preset.arch == "gpt_oss":  # every layer a mixture; `intermediate_size` is an expert's
         moe = {"num_local_experts": preset.experts, "num_experts_per_tok": preset.experts_used,
                "intermediate_size": preset.expert_intermediate,
@@ -356,7 +364,14 @@ def _layer(p: Preset) -> list[tuple[str, tuple[int, ...], str]]:
             ("post_attention_layernorm.weight", (h,), _NORM)]
     if p.arch in ("qwen3", "gemma3", "qwen3_moe"):
         out += [(f"self_attn.{x}_norm.weight", (hd,), _NORM) for x in ("q", "k")]
-    if p.experts:  # a router, then each expert's MLP (Hugging Face's names)
+    if p.arch == "mixtral":  # a router, then each expert's w1 (gate), w3 (up), w2 (down)
+        eff, moe = p.expert_intermediate, "block_sparse_moe"
+        out.append((f"{moe}.gate.weight", (p.experts, p.hidden), _MATRIX))
+        for e in range(p.experts):
+            out += [(f"{moe}.experts.{e}.{w}.weight", (eff, p.hidden), _MATRIX)
+                    for w in ("w1", "w3")]
+            out.append((f"{moe}.experts.{e}.w2.weight", (p.hidden, eff), _MATRIX))
+    elif p.experts:  # a router, then each expert's MLP (Hugging Face's names)
         eff = p.expert_intermediate
         out.append(("mlp.gate.weight", (p.experts, h), _MATRIX))
         for e in range(p.experts):

@@ -73,7 +73,8 @@ def test_every_architecture_loads_and_generates_in_each_precision(arch, arch_mod
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(arch_model(arch) / name, quantized / name)
     model, tokenizer = load(str(quantized))
-    mlp = model.layers[0].mlp
+    layer = model.layers[0]
+    mlp = getattr(layer, "mlp", None) or layer.block_sparse_moe  # (mixtral)
     experts = getattr(mlp, "switch_mlp", None) or getattr(mlp, "experts", mlp)  # qwen3_moe, gpt_oss
     assert isinstance(experts.down_proj,
                       (nn.QuantizedLinear, QuantizedSwitchLinear))

@@ -2,7 +2,9 @@
 weight names that mlx_lm loads, with the tensor transforms llama.cpp's converter applies.
 
 Supported (GGUF `general.architecture` -> mlx_lm `model_type`): llama -> llama (Llama 2 and 3,
-and Mistral 7B / Nemo, whose GGUFs say "llama"), qwen2, qwen3, gemma2, gemma3 -> gemma3_text
+and Mistral 7B / Nemo, whose GGUFs say "llama"; with experts, mixtral: Mixtral 8x7B and 8x22B,
+each projection's experts stacked, as llama.cpp has written them since April 2024: its loader
+no longer takes the first files' one tensor an expert, nor does this), qwen2, qwen3, gemma2, gemma3 -> gemma3_text
 (text only: a multimodal file's vision tower is left out), phi3, granite, and qwen3moe ->
 qwen3_moe (Qwen3's mixtures of experts: each layer's experts are one 3-D tensor a projection,
 as mlx_lm's `switch_mlp` holds them), gpt-oss -> gpt_oss, and gemma4 -> gemma4_text (text only;
@@ -61,6 +63,12 @@ _GEMMA_BLOCK = {**_ATTENTION, **_MLP, "post_attention_norm": "post_attention_lay
 _PHI3_BLOCK = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj",
                "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
                "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
+# Mixtral (and Mistral's other mixtures): a "llama" GGUF whose MLP is a mixture, named as
+# mlx_lm's mixtral module holds it: the router, every expert's projection stacked.
+_MIXTRAL_MOE = {"ffn_gate_inp": "block_sparse_moe.gate",
+                "ffn_gate_exps": "block_sparse_moe.switch_mlp.gate_proj",
+                "ffn_up_exps": "block_sparse_moe.switch_mlp.up_proj",
+                "ffn_down_exps": "block_sparse_moe.switch_mlp.down_proj"}
 # A mixture of experts: the router, and every expert's projection stacked (experts, out, in).
 _MOE = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
         "ffn_up_exps": "mlp.switch_mlp.up_proj", "ffn_down_exps": "mlp.switch_mlp.down_proj"}
@@ -101,8 +109,8 @@ class ArchSpec:
 
 
 SPECS: dict[str, ArchSpec] = {s.gguf: s for s in (
-    ArchSpec("llama", "llama", "LlamaForCausalLM", _PRE_NORM_BLOCK, permute_qk=True,
-             aliases=("mistral",)),
+    ArchSpec("llama", "llama", "LlamaForCausalLM", {**_PRE_NORM_BLOCK, **_MIXTRAL_MOE},
+             permute_qk=True, aliases=("mistral", "mixtral")),
     ArchSpec("qwen2", "qwen2", "Qwen2ForCausalLM", _PRE_NORM_BLOCK, head_dim_derived=True),
     ArchSpec("qwen3", "qwen3", "Qwen3ForCausalLM", {**_PRE_NORM_BLOCK, **_QK_NORM}),
     ArchSpec("gemma2", "gemma2", "Gemma2ForCausalLM", _GEMMA_BLOCK, norm_offset=-1.0),
@@ -136,6 +144,10 @@ _HF_BARE = re.compile(r"model\.layers\.(\d+)\.([\w.]+)")
 # (and a module folder's weight: 2_Dense/linear.weight)
 _HF_GLOBAL = re.compile(r"(model\.[\w.]+|lm_head|\w+/\w+)\.(weight|bias)")
 _HF_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp)\.experts\.(\d+)\.(\w+_proj)\.weight")
+# Mixtral's: `block_sparse_moe.experts.E.w1` (gate), `w3` (up), `w2` (down).
+_HF_MIXTRAL_EXPERT = re.compile(
+    r"(model\.layers\.\d+\.block_sparse_moe)\.experts\.(\d+)\.(w[123])\.weight")
+_MIXTRAL_PROJ = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
 _HF_QK = re.compile(r"model\.layers\.\d+\.self_attn\.([qk])_proj\.(weight|bias|scales|biases)")
 
 
@@ -200,7 +212,8 @@ def gguf_tensor_name(arch: str, hf_name: str) -> str:
 
 def stack_experts(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Hugging Face's weights of a mixture, one tensor per expert and projection
-    (`model.layers.L.mlp.experts.E.gate_proj.weight`), as mlx_lm and GGUF hold them: one
+    (`model.layers.L.mlp.experts.E.gate_proj.weight`, Mixtral's
+    `...block_sparse_moe.experts.E.w1.weight`), as mlx_lm and GGUF hold them: one
     (experts, out, in) tensor a projection (`...mlp.switch_mlp.gate_proj.weight`). Other
     weights pass as they are."""
     out: dict[str, np.ndarray] = {}
@@ -209,6 +222,9 @@ def stack_experts(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if m := _HF_EXPERT.fullmatch(name):
             mlp, e, proj = m.groups()
             experts.setdefault(f"{mlp}.switch_mlp.{proj}.weight", {})[int(e)] = x
+        elif m := _HF_MIXTRAL_EXPERT.fullmatch(name):
+            mlp, e, w = m.groups()
+            experts.setdefault(f"{mlp}.switch_mlp.{_MIXTRAL_PROJ[w]}.weight", {})[int(e)] = x
         else:
             out[name] = x
     for name, by_index in experts.items():
@@ -437,8 +453,33 @@ def _rope(config: dict, p: _Kv, rope: Mapping[str, np.ndarray]) -> None:
 
 def _llama(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str]) -> None:
     _rope(config, p, rope)
+    if p.get("expert_count"):
+        _mixtral(config, p, names)
+        return
     config["attention_bias"] = any(n.endswith("attn_q.bias") for n in names)
     config["mlp_bias"] = any(n.endswith("ffn_up.bias") for n in names)
+
+
+def _mixtral(config: dict, p: _Kv, names: set[str]) -> None:
+    """A "llama" file with experts: Mixtral. Every layer a mixture; a token's experts weighted
+    by the softmax of their router logits (mlx_lm's mixtral; llama.cpp's softmax over all
+    experts then renormalised over the chosen is the same). No biases (mlx_lm's mixtral has
+    none)."""
+    experts, used = int(p.scalar("expert_count")), int(p.scalar("expert_used_count"))
+    if not 1 <= used <= experts:
+        raise UnsupportedArchitecture(f"llama with {used} of {experts} experts a token")
+    if p.get("expert_shared_count") or float(p.get("expert_weights_scale", 0.0)) not in (0.0,
+                                                                                       1.0):
+        raise UnsupportedArchitecture("llama mixture with shared or scaled experts")
+    if any(n.endswith(".bias") for n in names):
+        raise UnsupportedArchitecture("llama mixture with biases")
+    routed = {int(n.split(".")[1]) for n in names if ".ffn_gate_inp." in n}
+    if routed != set(range(config["num_hidden_layers"])):
+        raise UnsupportedArchitecture("llama mixture whose every layer is not a mixture")
+    config.update({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
+                   "num_local_experts": experts, "num_experts_per_tok": used,
+                   "intermediate_size": int(p.scalar("expert_feed_forward_length",
+                                                     config["intermediate_size"]))})
 
 
 def _qwen(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str]) -> None:
@@ -659,6 +700,9 @@ def _write_rope_scaling(kv: dict, a: str, config: Mapping[str, Any]) -> None:
 def _write_llama(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) -> None:
     kv[f"{a}.vocab_size"] = int(config["vocab_size"])
     kv[f"{a}.rope.dimension_count"] = head_dim
+    if config.get("model_type") == "mixtral":  # as llama.cpp's converter writes Mixtral
+        kv[f"{a}.expert_count"] = int(config["num_local_experts"])
+        kv[f"{a}.expert_used_count"] = int(config["num_experts_per_tok"])
     _write_rope_scaling(kv, a, config)
 
 

@@ -55,11 +55,16 @@ def test_every_weight_name_round_trips_and_is_llama_cpps_name(name):
         assert A.hf_tensor_name(arch, g) == hf
         # (llama.cpp's converter adds ".weight" to gpt-oss's bare `sinks` parameter)
         bare = "" if hf.endswith((".weight", ".bias")) else ".weight"
-        assert llama_cpp.get_name(hf.replace(".switch_mlp.", ".experts."),
-                                  try_suffixes=(".weight", ".bias")) + bare == g, hf
+        theirs = hf.replace(".switch_mlp.", ".experts.")
+        if name == "mixtral":  # (Mixtral's stacked experts keep its w1/w3/w2 names there)
+            for proj, w in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+                theirs = theirs.replace(f".experts.{proj}.", f".experts.{w}.")
+        assert llama_cpp.get_name(theirs, try_suffixes=(".weight", ".bias")) + bare == g, hf
     stacked = [hf for hf in plan if ".switch_mlp." in hf]
-    assert len(stacked) == (3 * config["num_hidden_layers"] if "num_experts" in config else 0)
-    assert all(len(plan[hf]) == config["num_experts"] for hf in stacked)
+    experts = config.get("num_experts") or (config["num_local_experts"] if name == "mixtral"
+                                            else 0)
+    assert len(stacked) == (3 * config["num_hidden_layers"] if experts else 0)
+    assert all(len(plan[hf]) == experts for hf in stacked)
 
 
 @pytest.mark.parametrize("arch", A.ARCHITECTURES)
@@ -85,14 +90,16 @@ def test_unknown_architectures_and_tensors_are_400s_naming_them():
         A.hf_config({"general.architecture": "mamba"}, vocab_size=10, tied=True)
     assert isinstance(err.value, InvalidRequest) and err.value.status == 400
     assert err.value.kind == "unsupported_model"
-    with pytest.raises(A.UnsupportedArchitecture, match="blk.0.ffn_gate_exps.weight"):
-        A.hf_tensor_name("llama", "blk.0.ffn_gate_exps.weight")
+    with pytest.raises(A.UnsupportedArchitecture, match="blk.0.ffn_gate_shexp.weight"):
+        A.hf_tensor_name("llama", "blk.0.ffn_gate_shexp.weight")  # a shared expert
+    with pytest.raises(A.UnsupportedArchitecture, match="blk.0.ffn_gate.0.weight"):
+        A.hf_tensor_name("llama", "blk.0.ffn_gate.0.weight")  # Mixtral's first layout
     with pytest.raises(A.UnsupportedArchitecture, match="blk.0.attn_qkv.weight"):
         A.hf_tensor_name("llama", "blk.0.attn_qkv.weight")  # fused q/k/v is phi3's only
     with pytest.raises(A.UnsupportedArchitecture, match="model.layers.0.mlp.experts"):
         A.gguf_tensor_name("llama", "model.layers.0.mlp.experts.weight")
-    with pytest.raises(A.UnsupportedArchitecture, match='"mixtral"'):
-        A.gguf_metadata({"model_type": "mixtral"})
+    with pytest.raises(A.UnsupportedArchitecture, match='"deepseek_v3"'):
+        A.gguf_metadata({"model_type": "deepseek_v3"})
 
 
 def reference_interleave(rows: np.ndarray, heads: int) -> np.ndarray:
@@ -165,6 +172,7 @@ EXTRA = {
                   "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"),
     "gpt_oss": ("head_dim", "num_local_experts", "num_experts_per_tok", "sliding_window",
                 "layer_types", "rope_scaling"),
+    "mixtral": ("head_dim", "num_local_experts", "num_experts_per_tok"),
 }
 
 
@@ -188,8 +196,9 @@ def assert_close(a, b, key):
 def test_config_survives_the_trip_through_gguf_metadata(name):
     config = config_of(name)
     arch, kv, extra = to_gguf(config)
+    routers = [f"blk.{i}.ffn_gate_inp.weight" for i in range(config["num_hidden_layers"])]
     back = A.hf_config(kv, vocab_size=config["vocab_size"], tied=config["tie_word_embeddings"],
-                       rope_tensors=extra, tensor_names=[])
+                       rope_tensors=extra, tensor_names=routers if name == "mixtral" else [])
     assert back["model_type"] == {"mistral": "llama", "gemma3": "gemma3_text"}.get(name, name)
     for key in COMMON + EXTRA[name]:
         assert_close(config[key], back[key], key)
@@ -343,3 +352,37 @@ def test_random_model_presets_name_their_architecture():
         resolve("tiny", "mamba")
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         arch_of("huge")
+
+
+def test_a_llama_file_with_experts_is_mixtral():
+    """Mistral's mixtures are "llama" GGUFs with experts: every layer's router and stacked
+    experts, written and read back as mlx_lm's mixtral names."""
+    config = config_of("mixtral")
+    arch, kv, _ = to_gguf(config)
+    assert arch == "llama" and kv["llama.expert_count"] == 4 and kv["llama.expert_used_count"] == 2
+    layers = config["num_hidden_layers"]
+    routers = [f"blk.{i}.ffn_gate_inp.weight" for i in range(layers)]
+    back = A.hf_config(kv, vocab_size=2048, tied=False, tensor_names=routers)
+    assert back["architectures"] == ["MixtralForCausalLM"]
+    assert "attention_bias" not in back and "mlp_bias" not in back
+    for stem, hf in (("ffn_gate_inp", "block_sparse_moe.gate"),
+                     ("ffn_gate_exps", "block_sparse_moe.switch_mlp.gate_proj"),
+                     ("ffn_up_exps", "block_sparse_moe.switch_mlp.up_proj"),
+                     ("ffn_down_exps", "block_sparse_moe.switch_mlp.down_proj")):
+        assert A.hf_tensor_name("llama", f"blk.1.{stem}.weight") == f"model.layers.1.{hf}.weight"
+        assert A.gguf_tensor_name("llama", f"model.layers.1.{hf}.weight") == f"blk.1.{stem}.weight"
+    experts = {f"model.layers.0.block_sparse_moe.experts.{e}.{w}.weight": np.full((2, 3), e)
+               for e in range(4) for w in ("w1", "w2", "w3")}
+    stacked = A.stack_experts(experts)
+    assert sorted(stacked) == [f"model.layers.0.block_sparse_moe.switch_mlp.{p}_proj.weight"
+                               for p in ("down", "gate", "up")]
+    assert stacked["model.layers.0.block_sparse_moe.switch_mlp.up_proj.weight"][:, 0, 0].tolist() \
+        == [0, 1, 2, 3]
+    with pytest.raises(A.UnsupportedArchitecture, match="every layer"):
+        A.hf_config(kv, vocab_size=2048, tied=False, tensor_names=routers[:-1])
+    with pytest.raises(A.UnsupportedArchitecture, match="biases"):
+        A.hf_config(kv, vocab_size=2048, tied=False,
+                    tensor_names=[*routers, "blk.0.attn_q.bias"])
+    with pytest.raises(A.UnsupportedArchitecture, match="3 of 2 experts"):
+        A.hf_config({**kv, "llama.expert_count": 2, "llama.expert_used_count": 3},
+                    vocab_size=2048, tied=False, tensor_names=routers)
