@@ -42,10 +42,11 @@ EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
 SMALL_VOCAB = 2048
 DTYPES = ("float32", "bfloat16")
 ARCH_NAMES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "granite",
-              "qwen3_moe", "gpt_oss", "gemma4", "mixtral")
+              "qwen3_moe", "gpt_oss", "gemma4", "mixtral", "granitemoe")
 # Presets of an architecture beyond the one named after it (a variant of that family).
 VARIANT_PRESETS = ("gemma4-moe", "embeddinggemma")
 TOKENIZER_KIND = {"llama": "bpe", "qwen2": "bpe", "qwen3": "bpe", "granite": "bpe",
+                  "granitemoe": "bpe",
                   "qwen3_moe": "bpe", "gpt_oss": "harmony", "gemma4": "gemma4",
                   "mistral": "spm", "mixtral": "spm", "gemma2": "spm", "gemma3": "spm", "phi3": "spm"}
 
@@ -112,6 +113,10 @@ PRESETS: dict[str, Preset] = {
     # Mixtral's layout (Mistral's mixtures): every layer 4 experts, 2 a token, Hugging Face's
     # per-expert names (`block_sparse_moe.experts.E.w1`); a "llama" GGUF with experts.
     "mixtral": _arch("mixtral", False, note=", 4 experts (2 a token) a layer", experts=4),
+    # Granite 3's mixtures: Granite's multipliers, 4 experts a layer (2 a token), Hugging
+    # Face's fused `input_linear` (gate and up) and `output_linear`.
+    "granitemoe": _arch("granitemoe", False, note=", Granite multipliers, 4 experts (2 a token)",
+                        experts=4),
     # gpt-oss (OpenAI's open-weight mixtures): 8 experts a layer, 2 used a token; biases on
     # every projection, the router and the experts; attention sinks; sliding window 64 on
     # every other layer from the first; the harmony chat format.
@@ -242,6 +247,10 @@ ARCH_SETTINGS: dict[str, dict[str, Any]] = {
                 "attention_multiplier": 0.015625, "embedding_multiplier": 12.0,
                 "residual_multiplier": 0.22, "logits_scaling": 8.0,
                 "attention_bias": False, "mlp_bias": False},
+    "granitemoe": {"architectures": ["GraniteMoeForCausalLM"], "rope_theta": 10000.0,
+                   "rms_norm_eps": 1e-6, "max_position_embeddings": 4096,
+                   "attention_multiplier": 0.015625, "embedding_multiplier": 12.0,
+                   "residual_multiplier": 0.22, "logits_scaling": 8.0, "attention_bias": False},
 }
 
 
@@ -257,7 +266,7 @@ def arch_config(preset: Preset, tokenizer, dtype: str) -> dict:
                    "moe_intermediate_size": preset.expert_intermediate,
                    "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
                    "use_double_wide_mlp": False}
-    if preset.arch == "mixtral":  # `intermediate_size` is an expert's
+    if preset.arch in ("mixtral", "granitemoe"):  # `intermediate_size` is an expert's
         moe = {"num_local_experts": preset.experts, "num_experts_per_tok": preset.experts_used,
                "intermediate_size": preset.expert_intermediate}
     if preset.arch == "gpt_oss":  # every layer a mixture; `intermediate_size` is an expert's
@@ -371,6 +380,11 @@ def _layer(p: Preset) -> list[tuple[str, tuple[int, ...], str]]:
             out += [(f"{moe}.experts.{e}.{w}.weight", (eff, p.hidden), _MATRIX)
                     for w in ("w1", "w3")]
             out.append((f"{moe}.experts.{e}.w2.weight", (p.hidden, eff), _MATRIX))
+    elif p.arch == "granitemoe":  # the router, every expert's gate and up fused, the downs
+        eff, moe = p.expert_intermediate, "block_sparse_moe"
+        out += [(f"{moe}.router.layer.weight", (p.experts, p.hidden), _MATRIX),
+                (f"{moe}.input_linear.weight", (p.experts, 2 * eff, p.hidden), _MATRIX),
+                (f"{moe}.output_linear.weight", (p.experts, p.hidden, eff), _MATRIX)]
     elif p.experts:  # a router, then each expert's MLP (Hugging Face's names)
         eff = p.expert_intermediate
         out.append(("mlp.gate.weight", (p.experts, h), _MATRIX))

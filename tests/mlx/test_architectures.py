@@ -88,7 +88,7 @@ def test_every_architecture_splits_into_body_and_head(arch, arch_model):
     split = split_model(model)
     assert split.body is not None, "prefill computes logits for the last position only"
     # final soft-capping (Gemma 2 and 4) or logits scaling (Granite)
-    assert (split.post is not None) == (arch in ("gemma2", "gemma4", "granite"))
+    assert (split.post is not None) == (arch in ("gemma2", "gemma4", "granite", "granitemoe"))
     probe = mx.array([[5, 6, 7, 8]])
     whole = model(probe, cache=make_prompt_cache(model))[:, -1]
     parts = split.logits(split.head(split.body(probe, cache=make_prompt_cache(model))[:, -1]))

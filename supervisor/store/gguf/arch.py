@@ -5,7 +5,8 @@ Supported (GGUF `general.architecture` -> mlx_lm `model_type`): llama -> llama (
 and Mistral 7B / Nemo, whose GGUFs say "llama"; with experts, mixtral: Mixtral 8x7B and 8x22B,
 each projection's experts stacked, as llama.cpp has written them since April 2024: its loader
 no longer takes the first files' one tensor an expert, nor does this), qwen2, qwen3, gemma2, gemma3 -> gemma3_text
-(text only: a multimodal file's vision tower is left out), phi3, granite, and qwen3moe ->
+(text only: a multimodal file's vision tower is left out), phi3, granite, granitemoe (Granite 3's
+mixtures), and qwen3moe ->
 qwen3_moe (Qwen3's mixtures of experts: each layer's experts are one 3-D tensor a projection,
 as mlx_lm's `switch_mlp` holds them), gpt-oss -> gpt_oss, and gemma4 -> gemma4_text (text only;
 its per-layer settings are gemma4.py's).
@@ -69,6 +70,13 @@ _MIXTRAL_MOE = {"ffn_gate_inp": "block_sparse_moe.gate",
                 "ffn_gate_exps": "block_sparse_moe.switch_mlp.gate_proj",
                 "ffn_up_exps": "block_sparse_moe.switch_mlp.up_proj",
                 "ffn_down_exps": "block_sparse_moe.switch_mlp.down_proj"}
+# Granite's mixtures (granitemoe: granite3-moe, granite3.1-moe): the router is
+# `block_sparse_moe.router.layer`; Hugging Face's fused `input_linear` (gate then up) and
+# `output_linear` become mlx_lm's switch_mlp, as llama.cpp's converter splits them.
+_GRANITE_MOE = {"ffn_gate_inp": "block_sparse_moe.router.layer",
+                "ffn_gate_exps": "block_sparse_moe.switch_mlp.gate_proj",
+                "ffn_up_exps": "block_sparse_moe.switch_mlp.up_proj",
+                "ffn_down_exps": "block_sparse_moe.switch_mlp.down_proj"}
 # A mixture of experts: the router, and every expert's projection stacked (experts, out, in).
 _MOE = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
         "ffn_up_exps": "mlp.switch_mlp.up_proj", "ffn_down_exps": "mlp.switch_mlp.down_proj"}
@@ -124,6 +132,9 @@ SPECS: dict[str, ArchSpec] = {s.gguf: s for s in (
     ArchSpec("phi3", "phi3", "Phi3ForCausalLM", _PHI3_BLOCK, head_dim_derived=True),
     ArchSpec("granite", "granite", "GraniteForCausalLM", _PRE_NORM_BLOCK, permute_qk=True,
              head_dim_derived=True),
+    ArchSpec("granitemoe", "granitemoe", "GraniteMoeForCausalLM",
+             {**_ATTENTION, **_GRANITE_MOE, "ffn_norm": "post_attention_layernorm"},
+             permute_qk=True, head_dim_derived=True),
     ArchSpec("qwen3moe", "qwen3_moe", "Qwen3MoeForCausalLM",
              {**_ATTENTION, **_QK_NORM, **_MOE, "ffn_norm": "post_attention_layernorm"}),
     # Ollama's first gpt-oss files say "gptoss"; llama.cpp's and later Ollama's "gpt-oss"
@@ -148,6 +159,10 @@ _HF_EXPERT = re.compile(r"(model\.layers\.\d+\.mlp)\.experts\.(\d+)\.(\w+_proj)\
 _HF_MIXTRAL_EXPERT = re.compile(
     r"(model\.layers\.\d+\.block_sparse_moe)\.experts\.(\d+)\.(w[123])\.weight")
 _MIXTRAL_PROJ = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
+# Granite's: every expert's gate and up in one `input_linear` (experts, 2 x width, in), the
+# down projections in `output_linear`.
+_HF_GRANITE_EXPERTS = re.compile(
+    r"(model\.layers\.\d+\.block_sparse_moe)\.(input|output)_linear\.weight")
 _HF_QK = re.compile(r"model\.layers\.\d+\.self_attn\.([qk])_proj\.(weight|bias|scales|biases)")
 
 
@@ -213,7 +228,8 @@ def gguf_tensor_name(arch: str, hf_name: str) -> str:
 def stack_experts(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Hugging Face's weights of a mixture, one tensor per expert and projection
     (`model.layers.L.mlp.experts.E.gate_proj.weight`, Mixtral's
-    `...block_sparse_moe.experts.E.w1.weight`), as mlx_lm and GGUF hold them: one
+    `...block_sparse_moe.experts.E.w1.weight`; Granite's fused `input_linear`, split), as
+    mlx_lm and GGUF hold them: one
     (experts, out, in) tensor a projection (`...mlp.switch_mlp.gate_proj.weight`). Other
     weights pass as they are."""
     out: dict[str, np.ndarray] = {}
@@ -225,6 +241,14 @@ def stack_experts(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         elif m := _HF_MIXTRAL_EXPERT.fullmatch(name):
             mlp, e, w = m.groups()
             experts.setdefault(f"{mlp}.switch_mlp.{_MIXTRAL_PROJ[w]}.weight", {})[int(e)] = x
+        elif m := _HF_GRANITE_EXPERTS.fullmatch(name):
+            moe, kind = m.groups()
+            if kind == "output":
+                out[f"{moe}.switch_mlp.down_proj.weight"] = x
+            else:
+                gate, up = np.split(x, 2, axis=1)
+                out[f"{moe}.switch_mlp.gate_proj.weight"] = gate
+                out[f"{moe}.switch_mlp.up_proj.weight"] = up
         else:
             out[name] = x
     for name, by_index in experts.items():
@@ -453,7 +477,7 @@ def _rope(config: dict, p: _Kv, rope: Mapping[str, np.ndarray]) -> None:
 
 def _llama(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str]) -> None:
     _rope(config, p, rope)
-    if p.get("expert_count"):
+    if p.arch == "llama" and p.get("expert_count"):
         _mixtral(config, p, names)
         return
     config["attention_bias"] = any(n.endswith("attn_q.bias") for n in names)
@@ -492,6 +516,23 @@ def _granite(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[st
     config["embedding_multiplier"] = float(p.get("embedding_scale", 1.0))
     config["residual_multiplier"] = float(p.get("residual_scale", 1.0))
     config["logits_scaling"] = float(p.get("logit_scale", 1.0))
+
+
+def _granitemoe(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str]) -> None:
+    """Granite's multipliers, and every layer a mixture: a token's experts weighted by the
+    softmax of their router logits (mlx_lm's granitemoe, llama.cpp's alike). Shared experts
+    (granitemoeshared) have other tensors, refused by name."""
+    _granite(config, p, rope, names)
+    experts, used = int(p.scalar("expert_count")), int(p.scalar("expert_used_count"))
+    if not 1 <= used <= experts:
+        raise UnsupportedArchitecture(f"granitemoe with {used} of {experts} experts a token")
+    routed = {int(n.split(".")[1]) for n in names if ".ffn_gate_inp." in n}
+    if names and routed != set(range(config["num_hidden_layers"])):
+        raise UnsupportedArchitecture("granitemoe whose every layer is not a mixture")
+    del config["mlp_bias"]  # (mlx_lm's granitemoe has no MLP biases)
+    config.update({"num_local_experts": experts, "num_experts_per_tok": used,
+                   "intermediate_size": int(p.scalar("expert_feed_forward_length",
+                                                     config["intermediate_size"]))})
 
 
 def _gemma_scalar(config: Mapping[str, Any], layers_27b: int) -> int:
@@ -624,7 +665,7 @@ def split_rows(arch: str, hf_name: str, config: Mapping[str, Any]) -> list[tuple
 
 _EXTRA = {"llama": _llama, "qwen2": _qwen, "qwen3": _qwen, "gemma2": _gemma2,
           "gemma3": _gemma3, "gemma-embedding": _gemma_embedding, "phi3": _phi3,
-          "granite": _granite, "qwen3moe": _qwen3moe,
+          "granite": _granite, "granitemoe": _granitemoe, "qwen3moe": _qwen3moe,
           "gptoss": _gpt_oss, "gpt-oss": _gpt_oss}
 
 
@@ -718,6 +759,12 @@ def _write_granite(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) -
     kv[f"{a}.logit_scale"] = float(config["logits_scaling"])
 
 
+def _write_granitemoe(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) -> None:
+    _write_granite(kv, a, config, head_dim)
+    kv[f"{a}.expert_count"] = int(config["num_local_experts"])
+    kv[f"{a}.expert_used_count"] = int(config["num_experts_per_tok"])
+
+
 def _check_gemma_scalar(config: Mapping[str, Any], head_dim: int, layers_27b: int) -> None:
     full = {**config, "head_dim": head_dim}
     wanted = float(config.get("query_pre_attn_scalar", head_dim))
@@ -790,5 +837,6 @@ def _write_gpt_oss(kv: dict, a: str, config: Mapping[str, Any], head_dim: int) -
 _WRITE_EXTRA = {"llama": _write_llama, "qwen2": _write_plain, "qwen3": _write_plain,
                 "gemma2": _write_gemma2, "gemma3": _write_gemma3,
                 "gemma-embedding": _write_gemma3, "phi3": _write_phi3,
-                "granite": _write_granite, "qwen3moe": _write_qwen3moe,
+                "granite": _write_granite, "granitemoe": _write_granitemoe,
+                "qwen3moe": _write_qwen3moe,
                 "gpt-oss": _write_gpt_oss}

@@ -49,7 +49,9 @@ def test_every_weight_name_round_trips_and_is_llama_cpps_name(name):
     llama_cpp = gguf.get_tensor_name_map(GGUF_ARCH[arch], config["num_hidden_layers"])
     # (a mixture's experts, one weight each, are stacked as mlx_lm's switch_mlp holds them:
     # llama.cpp's converter calls its stacked tensors mlp.experts.*)
-    plan = A.stack_experts({hf: np.zeros(shape[:1]) for hf, shape, _ in tensor_plan(PRESETS[name])})
+    # (each tensor's experts, and 2 a further dimension: Granite's fused gate/up is split)
+    plan = A.stack_experts({hf: np.zeros(shape[:1] + (2,) * (len(shape) - 1))
+                            for hf, shape, _ in tensor_plan(PRESETS[name])})
     for hf in plan:
         g = A.gguf_tensor_name(arch, hf)
         assert A.hf_tensor_name(arch, g) == hf
@@ -59,10 +61,18 @@ def test_every_weight_name_round_trips_and_is_llama_cpps_name(name):
         if name == "mixtral":  # (Mixtral's stacked experts keep its w1/w3/w2 names there)
             for proj, w in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
                 theirs = theirs.replace(f".experts.{proj}.", f".experts.{w}.")
+        if name == "granitemoe" and ".switch_mlp." in hf:
+            # (llama.cpp's converter splits Granite's fused input_linear into these itself)
+            layer = int(hf.split(".")[2])
+            kind = {"gate_proj": gguf.MODEL_TENSOR.FFN_GATE_EXP,
+                    "up_proj": gguf.MODEL_TENSOR.FFN_UP_EXP,
+                    "down_proj": gguf.MODEL_TENSOR.FFN_DOWN_EXP}[hf.split(".")[-2]]
+            assert gguf.TENSOR_NAMES[kind].format(bid=layer) + ".weight" == g, hf
+            continue
         assert llama_cpp.get_name(theirs, try_suffixes=(".weight", ".bias")) + bare == g, hf
     stacked = [hf for hf in plan if ".switch_mlp." in hf]
-    experts = config.get("num_experts") or (config["num_local_experts"] if name == "mixtral"
-                                            else 0)
+    experts = config.get("num_experts") or (
+        config["num_local_experts"] if name in ("mixtral", "granitemoe") else 0)
     assert len(stacked) == (3 * config["num_hidden_layers"] if experts else 0)
     assert all(len(plan[hf]) == experts for hf in stacked)
 
@@ -173,6 +183,9 @@ EXTRA = {
     "gpt_oss": ("head_dim", "num_local_experts", "num_experts_per_tok", "sliding_window",
                 "layer_types", "rope_scaling"),
     "mixtral": ("head_dim", "num_local_experts", "num_experts_per_tok"),
+    "granitemoe": ("attention_multiplier", "embedding_multiplier", "residual_multiplier",
+                   "logits_scaling", "attention_bias", "num_local_experts",
+                   "num_experts_per_tok"),
 }
 
 
