@@ -87,11 +87,30 @@ class TextStream:
 
 
 def fast_decode(tokenizer, skip_special: bool) -> Decode:
-    """The Rust tokenizer's decode when there is one (no Python overhead per call)."""
+    """The Rust tokenizer's decode when there is one (no Python overhead per call), keeping
+    the leading space of generated text (`keep_leading_space`)."""
     inner = getattr(tokenizer, "backend", None)
     if inner is not None and hasattr(inner, "decode"):
-        return lambda ids: inner.decode(ids, skip_special_tokens=skip_special)
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special)
+        decode = lambda ids: inner.decode(ids, skip_special_tokens=skip_special)  # noqa: E731
+    else:
+        decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special)  # noqa: E731
+    return keep_leading_space(decode, tokenizer)
+
+
+def keep_leading_space(decode: Decode, tokenizer) -> Decode:
+    """`decode` for text that continues other text. A SentencePiece tokenizer's decoder drops
+    the space its first piece begins with (Hugging Face's `Strip` step: "▁in" alone is "in"),
+    right for a whole document but not for a reply: after "Once upon a time in", the piece
+    "▁in" is " in", as Ollama and llama.cpp give it (and a logprob's token text). So where the
+    decoder drops it, decode after one lead piece whose text is "a" and cut that "a" off; a
+    byte-level decoder drops nothing and keeps `decode` as it is."""
+    try:
+        lead = list(tokenizer.encode("a", add_special_tokens=False))
+        if len(lead) != 1 or decode(lead) != "a" or decode(lead + lead) != "a a":
+            return decode  # nothing dropped ("aa"), or a decoder this does not know
+    except Exception:  # noqa: BLE001 (a tokenizer without a plain "a": decode as it is)
+        return decode
+    return lambda ids: decode(lead + list(ids))[1:]
 
 
 # Chat formats whose structure is in special tokens the supervisor's parsers split output on:

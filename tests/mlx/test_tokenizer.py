@@ -148,3 +148,23 @@ def test_a_named_special_token_of_the_vocabulary_becomes_an_added_special_one(tm
     assert ours.encode(text) == theirs.encode(text)
     assert ours.decode(ours.encode(text), skip_special_tokens=True) == \
         theirs.decode(theirs.encode(text), skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("preset,spaced", [("mistral", True), ("tiny", False), ("gpt_oss", False)])
+def test_a_reply_keeps_the_space_its_first_piece_begins_with(tmp_path, preset, spaced):
+    """A SentencePiece reply's first piece "▁in" is " in" (Ollama and llama.cpp), though the
+    tokenizer's own decode of a whole document drops that space; byte-level tokenizers keep
+    it either way. Streamed, whole and per token (a logprob's text) alike."""
+    from mlxr.runner.text_stream import TextStream, fast_decode, output_decode
+
+    path = write_random_model(tmp_path / "m", preset)
+    tokenizer = load_tokenizer(path, {})
+    ids = tokenizer.encode("in in the", add_special_tokens=False)
+    assert tokenizer.decode(ids) == "in in the"  # the document's own decode
+    first = tokenizer.backend.id_to_token(ids[0])
+    assert first.startswith("▁") == spaced
+    want = " in in the" if spaced else "in in the"
+    stream = TextStream(output_decode(tokenizer))
+    assert "".join(stream.push(i) for i in ids) + stream.flush() == want
+    assert output_decode(tokenizer)(ids) == want
+    assert fast_decode(tokenizer, skip_special=False)(ids[:1]) == (" in" if spaced else "in")
