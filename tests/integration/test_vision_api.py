@@ -75,18 +75,23 @@ def server(tmp_path_factory, subprocess_env, vision_model, tiny_model):
 
 @pytest.fixture(scope="module")
 def mlx_vlm_greedy(vision_model):
-    """mlx-vlm's own greedy generation: (output token ids, prompt token count)."""
+    """mlx-vlm's own greedy generation: (its output tokens as reply text, prompt token
+    count). The text is the runner's decode of those tokens (a reply keeps the space its
+    first SentencePiece piece begins with, where a document's decode drops it)."""
     from mlx_vlm import load
     from mlx_vlm.generate import stream_generate
 
+    from mlxr.runner.text_stream import output_decode
+    from mlxr.runner.tokenizer import load_tokenizer
+
     model, processor = load(vision_model)
-    tokenizer = processor.tokenizer
+    reply_text = output_decode(load_tokenizer(vision_model, {}))
 
     def generate(prompt: str, images: list, n: int = N) -> tuple[str, int]:
         steps = list(stream_generate(model, processor, prompt, image=images, max_tokens=n,
                                      temperature=0.0))
         ids = [s.token for s in steps][:n]
-        return tokenizer.decode(ids), steps[0].prompt_tokens
+        return reply_text(ids), steps[0].prompt_tokens
 
     return generate
 

@@ -164,8 +164,8 @@ def test_a_read_model_is_kept_until_its_manifest_changes(store, tmp_path):
     ({"model": "x", "from": "/no/such/dir"}, InvalidRequest, "not a directory"),
     ({"model": "x", "random": {"preset": "huge"}}, InvalidRequest,
      "an architecture (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, granite, qwen3_moe, "
-     "gpt_oss, gemma4, gemma4-moe, embeddinggemma) or a vision model (qwen2.5-vl, qwen2-vl, "
-     "gemma3-vision)"),
+     "gpt_oss, gemma4, mixtral, granitemoe, gemma4-moe, embeddinggemma) or a vision model "
+     "(qwen2.5-vl, qwen2-vl, gemma3-vision)"),
     ({"model": "x", "random": {"preset": "llama", "dtype": "int8"}}, InvalidRequest,
      'unknown random dtype "int8"'),
     ({"model": "x", "random": {}, "quantize": "q3_K_M"}, InvalidRequest,
