@@ -54,6 +54,9 @@ def _export(name: str):
 
 
 def _real_tokenizer_utils() -> types.ModuleType:
+    current = sys.modules.get(TOKENIZER_UTILS)
+    if current is not None and not isinstance(current, _TokenizerUtils):
+        return current  # imported by an earlier use
     stand_in = sys.modules.pop(TOKENIZER_UTILS, None)
     try:
         return importlib.import_module(TOKENIZER_UTILS)

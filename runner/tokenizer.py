@@ -16,7 +16,7 @@ models) and for `Qwen2Tokenizer` whose tokenizer.json is the pipeline transforme
 builds (Qwen2, 2.5, 3), where `add_bos_token` and `add_eos_token` agree with tokenizer.json's
 post-processor. Anything else (SentencePiece classes transformers rebuilds in code, tokens the
 config adds that tokenizer.json lacks, flags that disagree, a slow-only tokenizer) loads through
-transformers' `AutoTokenizer` as before (`_Transformers`); both give the same ids
+transformers' `AutoTokenizer` as before (`_transformers`); both give the same ids
 (tests/mlx/test_tokenizer.py).
 
 End-of-sequence ids follow mlx-lm's `load`: config.json's `eos_token_id` (one or a list), else

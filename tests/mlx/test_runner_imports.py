@@ -28,6 +28,9 @@ from mlx_lm.utils import load_tokenizer
 wrapper = load_tokenizer(__import__("pathlib").Path(sys.argv[1]))
 assert wrapper.encode("Hello there") == ids
 assert "transformers" in sys.modules
+real = sys.modules["mlx_lm.tokenizer_utils"]
+assert load_tokenizer(__import__("pathlib").Path(sys.argv[1])).encode("Hello there") == ids
+assert sys.modules["mlx_lm.tokenizer_utils"] is real  # imported once
 print("ok")
 """
 
