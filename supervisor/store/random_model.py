@@ -48,7 +48,8 @@ VARIANT_PRESETS = ("gemma4-moe", "embeddinggemma")
 TOKENIZER_KIND = {"llama": "bpe", "qwen2": "bpe", "qwen3": "bpe", "granite": "bpe",
                   "granitemoe": "bpe",
                   "qwen3_moe": "bpe", "gpt_oss": "harmony", "gemma4": "gemma4",
-                  "mistral": "spm", "mixtral": "spm", "gemma2": "spm", "gemma3": "spm", "phi3": "spm"}
+                  "mistral": "spm", "mixtral": "spm", "gemma2": "spm", "gemma3": "spm",
+                  "phi3": "spm"}
 
 
 @dataclass(frozen=True, slots=True)

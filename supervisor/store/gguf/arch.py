@@ -4,9 +4,9 @@ weight names that mlx_lm loads, with the tensor transforms llama.cpp's converter
 Supported (GGUF `general.architecture` -> mlx_lm `model_type`): llama -> llama (Llama 2 and 3,
 and Mistral 7B / Nemo, whose GGUFs say "llama"; with experts, mixtral: Mixtral 8x7B and 8x22B,
 each projection's experts stacked, as llama.cpp has written them since April 2024: its loader
-no longer takes the first files' one tensor an expert, nor does this), qwen2, qwen3, gemma2, gemma3 -> gemma3_text
-(text only: a multimodal file's vision tower is left out), phi3, granite, granitemoe (Granite 3's
-mixtures), and qwen3moe ->
+no longer takes the first files' one tensor an expert, nor does this), qwen2, qwen3, gemma2,
+gemma3 -> gemma3_text (text only: a multimodal file's vision tower is left out), phi3, granite,
+granitemoe (Granite 3's mixtures), and qwen3moe ->
 qwen3_moe (Qwen3's mixtures of experts: each layer's experts are one 3-D tensor a projection,
 as mlx_lm's `switch_mlp` holds them), gpt-oss -> gpt_oss, and gemma4 -> gemma4_text (text only;
 its per-layer settings are gemma4.py's).
@@ -489,17 +489,12 @@ def _mixtral(config: dict, p: _Kv, names: set[str]) -> None:
     by the softmax of their router logits (mlx_lm's mixtral; llama.cpp's softmax over all
     experts then renormalised over the chosen is the same). No biases (mlx_lm's mixtral has
     none)."""
-    experts, used = int(p.scalar("expert_count")), int(p.scalar("expert_used_count"))
-    if not 1 <= used <= experts:
-        raise UnsupportedArchitecture(f"llama with {used} of {experts} experts a token")
+    experts, used = _mixture(config, p, names)
     if p.get("expert_shared_count") or float(p.get("expert_weights_scale", 0.0)) not in (0.0,
                                                                                        1.0):
         raise UnsupportedArchitecture("llama mixture with shared or scaled experts")
     if any(n.endswith(".bias") for n in names):
         raise UnsupportedArchitecture("llama mixture with biases")
-    routed = {int(n.split(".")[1]) for n in names if ".ffn_gate_inp." in n}
-    if routed != set(range(config["num_hidden_layers"])):
-        raise UnsupportedArchitecture("llama mixture whose every layer is not a mixture")
     config.update({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
                    "num_local_experts": experts, "num_experts_per_tok": used,
                    "intermediate_size": int(p.scalar("expert_feed_forward_length",
@@ -523,12 +518,7 @@ def _granitemoe(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set
     softmax of their router logits (mlx_lm's granitemoe, llama.cpp's alike). Shared experts
     (granitemoeshared) have other tensors, refused by name."""
     _granite(config, p, rope, names)
-    experts, used = int(p.scalar("expert_count")), int(p.scalar("expert_used_count"))
-    if not 1 <= used <= experts:
-        raise UnsupportedArchitecture(f"granitemoe with {used} of {experts} experts a token")
-    routed = {int(n.split(".")[1]) for n in names if ".ffn_gate_inp." in n}
-    if names and routed != set(range(config["num_hidden_layers"])):
-        raise UnsupportedArchitecture("granitemoe whose every layer is not a mixture")
+    experts, used = _mixture(config, p, names)
     del config["mlp_bias"]  # (mlx_lm's granitemoe has no MLP biases)
     config.update({"num_local_experts": experts, "num_experts_per_tok": used,
                    "intermediate_size": int(p.scalar("expert_feed_forward_length",
@@ -608,13 +598,23 @@ def _phi3(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str])
         config["rope_scaling"] = {"type": "linear", "factor": scaling["factor"]}
 
 
+def _mixture(config: Mapping[str, Any], p: _Kv, names: set[str]) -> tuple[int, int]:
+    """(experts a layer, experts a token) of a file whose every layer is a mixture (a router,
+    `ffn_gate_inp`, in each: checked where the tensor names are given)."""
+    experts, used = int(p.scalar("expert_count")), int(p.scalar("expert_used_count"))
+    if not 1 <= used <= experts:
+        raise UnsupportedArchitecture(f"{p.arch} with {used} of {experts} experts a token")
+    routed = {int(n.split(".")[1]) for n in names if ".ffn_gate_inp." in n}
+    if names and routed != set(range(config["num_hidden_layers"])):
+        raise UnsupportedArchitecture(f"{p.arch} mixture whose every layer is not a mixture")
+    return experts, used
+
+
 def _qwen3moe(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[str]) -> None:
     """llama.cpp's qwen3moe: every layer a mixture (no shared expert), the chosen experts'
     weights renormalised to sum to 1 (mlx_lm's norm_topk_prob)."""
     _qwen(config, p, rope, names)
-    experts, used = int(p.scalar("expert_count")), int(p.scalar("expert_used_count"))
-    if not 1 <= used <= experts:
-        raise UnsupportedArchitecture(f"qwen3moe with {used} of {experts} experts a token")
+    experts, used = _mixture(config, p, names)
     if p.get("expert_shared_count") or p.get("expert_shared_feed_forward_length"):
         raise UnsupportedArchitecture("qwen3moe with shared experts")
     if float(p.get("expert_weights_scale", 0.0)) not in (0.0, 1.0):
@@ -629,9 +629,7 @@ def _gpt_oss(config: dict, p: _Kv, rope: Mapping[str, np.ndarray], names: set[st
     """gpt-oss: every layer a mixture (softmax over the chosen experts' router logits, as
     mlx_lm and llama.cpp both do), sliding-window attention on every other layer from the
     first (llama.cpp's fixed pattern), YaRN rope (llama.cpp's default betas 32 and 1)."""
-    experts, used = int(p.scalar("expert_count")), int(p.scalar("expert_used_count"))
-    if not 1 <= used <= experts:
-        raise UnsupportedArchitecture(f"{p.arch} with {used} of {experts} experts a token")
+    experts, used = _mixture(config, p, names)
     layers = config["num_hidden_layers"]
     config.update({
         "num_local_experts": experts, "num_experts_per_tok": used,
